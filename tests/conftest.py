@@ -1,0 +1,30 @@
+"""Shared fixtures and helpers of the CPU test suite."""
+
+import zlib
+
+import numpy as np
+import pytest
+
+from wtconv_cuda import WTConvWeights
+
+
+@pytest.fixture
+def rng(request):
+    """A generator seeded from the test's id, so each test is reproducible."""
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+def random_weights(rng, channels, kernel_size, levels, bias=True, dtype=np.float64):
+    """Weights whose every entry (scales included) is random and non-zero."""
+    c, k = channels, kernel_size
+
+    def draw(*shape):
+        return rng.standard_normal(shape).astype(dtype)
+
+    return WTConvWeights(
+        base_weight=draw(c, k, k),
+        base_bias=draw(c) if bias else None,
+        base_scale=draw(c),
+        wavelet_weight=draw(levels, c, 4, k, k),
+        wavelet_scale=draw(levels, c, 4),
+    )
