@@ -1,0 +1,226 @@
+"""Input checks shared by the public entry points.
+
+Every check raises with a message that names the argument and states what was
+expected and what was found. Nothing here copies or modifies an array.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from ._arrays import array_library
+from .weights import WTConvWeights
+
+__all__ = [
+    "SUPPORTED_DTYPES",
+    "output_shape",
+    "check_forward",
+    "check_dy",
+]
+
+#: Floating dtypes accepted for inputs, weights and output gradients.
+SUPPORTED_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+
+def output_shape(x_shape, stride: int) -> tuple[int, int, int, int]:
+    """Shape of the operator's output for an input of shape ``x_shape``.
+
+    Parameters
+    ----------
+    x_shape : tuple of int
+        ``(B, C, H, W)``.
+    stride : int
+        Output subsampling factor, ``>= 1``.
+
+    Returns
+    -------
+    tuple of int
+        ``(B, C, ceil(H / stride), ceil(W / stride))``.
+    """
+    b, c, h, w = x_shape
+    return (b, c, -(-h // stride), -(-w // stride))
+
+
+def _check_library(name: str, arr, library: str) -> None:
+    found = array_library(arr)
+    if found != library:
+        found_name = found if found is not None else type(arr).__name__
+        raise TypeError(f"{name} must be a {library} array like x, got {found_name}")
+
+
+def _check_dtype(name: str, arr) -> None:
+    dtype = np.dtype(arr.dtype)
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"{name} must have dtype float16, float32 or float64, got {dtype}"
+        )
+
+
+def _check_same_dtype(name: str, arr, x) -> None:
+    if np.dtype(arr.dtype) != np.dtype(x.dtype):
+        raise TypeError(
+            f"{name} has dtype {np.dtype(arr.dtype)} but x has dtype "
+            f"{np.dtype(x.dtype)}; on this path they must match"
+        )
+
+
+def _check_shape(name: str, arr, expected: tuple, meaning: str) -> None:
+    if tuple(arr.shape) != expected:
+        raise ValueError(
+            f"{name} must have shape {meaning} = {expected}, got {tuple(arr.shape)}"
+        )
+
+
+def _check_x(x) -> None:
+    if x.ndim != 4:
+        raise ValueError(
+            f"x must be a 4-D array (B, C, H, W), got {x.ndim}-D shape {tuple(x.shape)}"
+        )
+    _check_dtype("x", x)
+    if x.shape[2] == 0 or x.shape[3] == 0:
+        raise ValueError(
+            f"x must have non-zero height and width, got shape {tuple(x.shape)}"
+        )
+
+
+def _check_weights(weights, x, library: str, same_dtype: bool) -> None:
+    if not isinstance(weights, WTConvWeights):
+        raise TypeError(
+            f"weights must be a WTConvWeights, got {type(weights).__name__}"
+        )
+    present = {
+        name: arr for name, arr in weights._asdict().items() if arr is not None
+    }
+    for name, arr in present.items():
+        _check_library(f"weights.{name}", arr, library)
+        _check_dtype(f"weights.{name}", arr)
+        if same_dtype:
+            _check_same_dtype(f"weights.{name}", arr, x)
+
+    base = weights.base_weight
+    if base.ndim != 3 or base.shape[1] != base.shape[2]:
+        raise ValueError(
+            "weights.base_weight must have shape (C, K, K), got "
+            f"{tuple(base.shape)}"
+        )
+    c, k = base.shape[0], base.shape[1]
+    if k % 2 == 0:
+        raise ValueError(f"kernel size K must be odd, got K = {k} from weights.base_weight")
+    if c != x.shape[1]:
+        raise ValueError(
+            f"weights have C = {c} channels (weights.base_weight.shape[0]) but x has "
+            f"{x.shape[1]} channels (x.shape[1])"
+        )
+    if weights.base_bias is not None:
+        _check_shape("weights.base_bias", weights.base_bias, (c,), "(C,)")
+    _check_shape("weights.base_scale", weights.base_scale, (c,), "(C,)")
+    wavelet = weights.wavelet_weight
+    if wavelet.ndim != 5:
+        raise ValueError(
+            "weights.wavelet_weight must have shape (L, C, 4, K, K), got "
+            f"{tuple(wavelet.shape)}"
+        )
+    levels = wavelet.shape[0]
+    _check_shape("weights.wavelet_weight", wavelet, (levels, c, 4, k, k), "(L, C, 4, K, K)")
+    _check_shape("weights.wavelet_scale", weights.wavelet_scale, (levels, c, 4), "(L, C, 4)")
+
+
+def _resolve_levels(levels, weights: WTConvWeights) -> int:
+    stored = weights.wavelet_weight.shape[0]
+    if levels is None:
+        return stored
+    if isinstance(levels, bool) or not isinstance(levels, numbers.Integral):
+        raise TypeError(f"levels must be an int or None, got {type(levels).__name__}")
+    if levels < 0:
+        raise ValueError(f"levels must be >= 0, got {levels}")
+    if levels != stored:
+        raise ValueError(
+            f"levels = {levels} but the weights hold {stored} wavelet levels "
+            "(weights.wavelet_weight.shape[0]); pass levels=None to use the weights' count"
+        )
+    return int(levels)
+
+
+def _check_stride(stride) -> int:
+    if isinstance(stride, bool) or not isinstance(stride, numbers.Integral):
+        raise TypeError(f"stride must be an int, got {type(stride).__name__}")
+    if stride < 1:
+        raise ValueError(f"stride must be >= 1, got {stride}")
+    return int(stride)
+
+
+def check_forward(x, weights, levels, stride, *, same_dtype: bool) -> tuple[int, int]:
+    """Check the arguments of a forward call and resolve ``levels``.
+
+    Parameters
+    ----------
+    x : array
+        Input, expected ``(B, C, H, W)`` with ``H, W >= 1`` and a dtype in
+        :data:`SUPPORTED_DTYPES`. ``B = 0`` is allowed.
+    weights : WTConvWeights
+        Expected to hold arrays of ``x``'s library with consistent shapes
+        and an odd kernel size ``K``.
+    levels : int or None
+        ``None`` means ``len(weights.wavelet_weight)``; an int must equal it.
+    stride : int
+        Expected ``>= 1``.
+    same_dtype : bool
+        If true, every weight array must have ``x``'s dtype (the GPU path);
+        otherwise any supported float dtype is accepted (the CPU path).
+
+    Returns
+    -------
+    levels : int
+        The resolved number of wavelet levels.
+    stride : int
+        ``stride`` as a Python int.
+
+    Raises
+    ------
+    TypeError
+        ``weights`` is not a :class:`WTConvWeights`; an array of another
+        library than ``x``; an unsupported dtype; a dtype mismatch when
+        ``same_dtype``; ``levels`` or ``stride`` not an int.
+    ValueError
+        Wrong rank, zero height or width, inconsistent weight shapes, even
+        ``K``, channel mismatch, ``levels`` negative or not matching the
+        weights, ``stride < 1``.
+    """
+    _check_x(x)
+    _check_weights(weights, x, array_library(x), same_dtype)
+    return _resolve_levels(levels, weights), _check_stride(stride)
+
+
+def check_dy(dy, x, stride: int, *, same_dtype: bool) -> None:
+    """Check an output gradient against the input it belongs to.
+
+    Parameters
+    ----------
+    dy : array
+        Expected of ``x``'s library, shape ``output_shape(x.shape, stride)``
+        and a supported float dtype.
+    x : array
+        The (already checked) forward input.
+    stride : int
+        The (already checked) forward stride.
+    same_dtype : bool
+        If true, ``dy`` must have ``x``'s dtype.
+
+    Raises
+    ------
+    TypeError
+        ``dy`` of another library than ``x``, unsupported dtype, or dtype
+        mismatch when ``same_dtype``.
+    ValueError
+        ``dy`` has the wrong shape.
+    """
+    _check_library("dy", dy, array_library(x))
+    _check_dtype("dy", dy)
+    if same_dtype:
+        _check_same_dtype("dy", dy, x)
+    expected = output_shape(tuple(x.shape), stride)
+    _check_shape(
+        "dy", dy, expected, f"(B, C, ceil(H/{stride}), ceil(W/{stride})) of the output"
+    )
