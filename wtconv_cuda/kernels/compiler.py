@@ -1,0 +1,174 @@
+"""Compile generated kernels once, cache them on disk, launch them cheaply.
+
+Numba's dispatcher re-inspects every argument on every launch (about 100 us
+for a handful of arrays). Here a kernel is compiled ahead of use with
+``numba.cuda.compile_ptx`` for raw-pointer arguments, the PTX is cached on disk
+(keyed by source, signature, architecture and toolchain versions) and loaded
+into a CuPy ``RawKernel``; a launch is then one driver call with a tuple of
+pointers and integers.
+
+Under the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) the same generated source
+is wrapped with ``cuda.jit`` instead, and launched on NumPy arrays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import threading
+from pathlib import Path
+
+from . import codegen
+
+#: Bump when the kernel ABI or generated code changes in a way the source
+#: hash alone would not capture.
+ABI_VERSION = 1
+
+_lock = threading.Lock()
+_loaded: dict = {}
+
+
+class CompileError(RuntimeError):
+    """A kernel variant could not be compiled or loaded."""
+
+
+def simulator_enabled() -> bool:
+    """Whether numba runs kernels in its CUDA simulator."""
+    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
+
+
+def cache_dir() -> Path:
+    """Folder of cached PTX (``$WTCONV_CUDA_CACHE`` or ``~/.cache/wtconv_cuda``)."""
+    root = os.environ.get("WTCONV_CUDA_CACHE")
+    if root:
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "wtconv_cuda"
+
+
+def _storage_type(storage: str):
+    from ._numba_compat import cuda  # noqa: F401  (shim before numba types)
+    from numba import types
+    return {"float32": types.float32, "float16": types.float16,
+            "bfloat16": types.uint16}[storage]
+
+
+def plane_signature(storage: str) -> tuple:
+    """Argument types of ``wtconv_plane`` (all raw pointers)."""
+    from numba import types
+    st = types.CPointer(_storage_type(storage))
+    f32 = types.CPointer(types.float32)
+    i64 = types.CPointer(types.int64)
+    #       src out xsrc w0  b0  s0  ww  ws  part scratch geo
+    return (st, st, st, st, st, st, st, st, f32, f32, i64)
+
+
+def finalize_signature(storage: str) -> tuple:
+    """Argument types of ``wtconv_finalize`` (all raw pointers)."""
+    from numba import types
+    st = types.CPointer(_storage_type(storage))
+    #       part                            w0..ws (5)  grads (5)  dims
+    return (types.CPointer(types.float32),) + (st,) * 10 + (types.CPointer(types.int64),)
+
+
+def _source_for(spec) -> tuple[str, str, tuple]:
+    if isinstance(spec, codegen.PlaneSpec):
+        return codegen.plane_kernel_source(spec), "wtconv_plane", plane_signature(spec.storage)
+    if isinstance(spec, codegen.FinalizeSpec):
+        return codegen.finalize_kernel_source(spec), "wtconv_finalize", finalize_signature(spec.storage)
+    raise TypeError(f"unknown kernel spec {spec!r}")
+
+
+def compile_ptx(spec, cc: tuple[int, int] = (9, 0)) -> tuple[str, str]:
+    """Compile ``spec`` to PTX for compute capability ``cc``.
+
+    Returns
+    -------
+    (ptx, entry) : tuple of str
+        The PTX text and the mangled name of its kernel entry.
+    """
+    from ._numba_compat import cuda
+    source, name, signature = _source_for(spec)
+    function = codegen.build(source, name)
+    try:
+        ptx, _ = cuda.compile_ptx(function, signature, cc=cc)
+    except Exception as exc:  # numba raises a zoo of typing/lowering errors
+        raise CompileError(f"compiling {spec!r} for sm_{cc[0]}{cc[1]} failed: {exc}") from exc
+    return ptx, _entry_name(ptx)
+
+
+def _entry_name(ptx: str) -> str:
+    for line in ptx.splitlines():
+        line = line.strip()
+        if line.startswith(".visible .entry") or line.startswith(".entry"):
+            return line.split(".entry", 1)[1].strip().rstrip("(").strip()
+    raise CompileError("no kernel entry in generated PTX")
+
+
+def _cache_key(spec, cc) -> str:
+    import numba
+    try:
+        from importlib.metadata import version
+        numba_cuda = version("numba-cuda")
+    except Exception:  # pragma: no cover - metadata missing in odd installs
+        numba_cuda = "unknown"
+    source, name, signature = _source_for(spec)
+    text = "\n".join([str(ABI_VERSION), name, repr(signature), f"{cc}", numba.__version__,
+                      numba_cuda, source])
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def cached_ptx(spec, cc: tuple[int, int]) -> tuple[Path, str]:
+    """Path of ``spec``'s PTX for ``cc`` (compiled and written on first use) and its entry."""
+    folder = cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    key = _cache_key(spec, cc)
+    path = folder / f"{key}.ptx"
+    entry_path = folder / f"{key}.entry"
+    if path.exists() and entry_path.exists():
+        return path, entry_path.read_text().strip()
+    ptx, entry = compile_ptx(spec, cc)
+    # Write atomically so concurrent processes never read a torn file.
+    for target, text in ((path, ptx), (entry_path, entry)):
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, target)
+    return path, entry
+
+
+def gpu_kernel(spec, device_id: int):
+    """A CuPy ``RawKernel`` for ``spec`` on device ``device_id`` (cached per process)."""
+    key = ("gpu", spec, device_id)
+    kernel = _loaded.get(key)
+    if kernel is not None:
+        return kernel
+    with _lock:
+        kernel = _loaded.get(key)
+        if kernel is None:
+            import cupy
+            with cupy.cuda.Device(device_id) as device:
+                cc = tuple(int(v) for v in device.compute_capability)
+                path, entry = cached_ptx(spec, (cc[0], cc[1]) if len(cc) == 2 else (cc[0] // 10, cc[0] % 10))
+                try:
+                    kernel = cupy.RawModule(path=str(path)).get_function(entry)
+                    optin = device.attributes["MaxSharedMemoryPerBlockOptin"]
+                    kernel.max_dynamic_shared_size_bytes = optin - kernel.attributes["shared_size_bytes"]
+                except Exception as exc:
+                    raise CompileError(f"loading {spec!r} on device {device_id} failed: {exc}") from exc
+            _loaded[key] = kernel
+    return kernel
+
+
+def sim_kernel(spec):
+    """A simulator-dispatched kernel for ``spec`` (requires ``NUMBA_ENABLE_CUDASIM=1``)."""
+    if not simulator_enabled():
+        raise RuntimeError("sim_kernel needs NUMBA_ENABLE_CUDASIM=1 set before numba is imported")
+    key = ("sim", spec)
+    kernel = _loaded.get(key)
+    if kernel is None:
+        from ._numba_compat import cuda
+        source, name, _ = _source_for(spec)
+        kernel = cuda.jit(codegen.build(source, name))
+        _loaded[key] = kernel
+    return kernel

@@ -1,0 +1,192 @@
+"""Host side of the fused kernels: plan a launch and issue it on a backend.
+
+A *backend* supplies compiled kernels, small device tables and float32
+buffers. Two exist: :class:`CupyBackend` (real GPU, raw-pointer launches) and
+:class:`SimulatorBackend` (numba's CUDA simulator on NumPy arrays, for CI).
+Everything else (the buffer layout, which kernel variant, grid sizes, the
+order of launches) is shared, so the simulator tests exercise the exact
+launch logic the GPU runs.
+
+Arrays passed to :func:`run_forward` / :func:`run_backward` must be
+C-contiguous and already in the storage dtype; validation is the caller's job.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from . import compiler
+from .codegen import FinalizeSpec, PlaneSpec
+from .layout import plane_layout, with_problem
+
+THREADS = 256
+STRIP = 4
+FINALIZE_THREADS = 128
+
+
+class Problem(NamedTuple):
+    """Sizes and options of one layer call (forward or backward)."""
+
+    batch: int
+    channels: int
+    height: int
+    width: int
+    kernel_size: int
+    levels: int
+    stride: int
+    storage: str
+    has_bias: bool
+
+
+class Weights(NamedTuple):
+    """Backend arrays of the five parameters; ``base_bias`` may be a dummy."""
+
+    base_weight: object
+    base_bias: object
+    base_scale: object
+    wavelet_weight: object
+    wavelet_scale: object
+
+
+class Launch(NamedTuple):
+    """Everything needed to issue one ``wtconv_plane`` launch."""
+
+    spec: PlaneSpec
+    grid: int
+    block: int
+    shared_bytes: int
+    scratch_floats: int
+    geo: np.ndarray
+    ntaps: int
+
+
+def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: int,
+               threads: int = THREADS) -> Launch:
+    """Choose the kernel variant and launch shape for one plane pass.
+
+    The working set goes to shared memory when one plane's buffer fits in
+    ``shared_limit`` bytes (one block per plane); otherwise to global scratch,
+    one slot per block, with ``max_slots`` persistent blocks looping over
+    planes.
+    """
+    p = problem
+    in_stride, out_stride = (p.stride, 1) if backward else (1, p.stride)
+    layout = plane_layout(p.height, p.width, p.levels, p.kernel_size, STRIP, threads,
+                          in_stride, out_stride, backward)
+    planes = p.batch * p.channels
+    slot_bytes = 4 * layout.slot_floats
+    scratch = slot_bytes > shared_limit
+    spec = PlaneSpec(p.kernel_size, p.storage, in_stride, out_stride, backward, scratch,
+                     threads, STRIP)
+    geo = with_problem(layout, p.channels, planes, p.has_bias)
+    if scratch:
+        grid = max(1, min(planes, max_slots))
+        return Launch(spec, grid, threads, 0, grid * layout.slot_floats, geo, layout.ntaps)
+    return Launch(spec, planes, threads, slot_bytes, 0, geo, layout.ntaps)
+
+
+class CupyBackend:
+    """Launches on the current CuPy device and stream."""
+
+    simulate = False
+
+    def __init__(self, device_id: int | None = None):
+        import cupy
+        self._cupy = cupy
+        self.device_id = cupy.cuda.runtime.getDevice() if device_id is None else device_id
+        attrs = cupy.cuda.Device(self.device_id).attributes
+        self.shared_limit = attrs["MaxSharedMemoryPerBlockOptin"] - 1024
+        self.max_slots = 2 * attrs["MultiProcessorCount"]
+        self._tables: dict = {}
+
+    def kernel(self, spec):
+        return compiler.gpu_kernel(spec, self.device_id)
+
+    def call(self, kernel, grid, block, args, shared_bytes):
+        kernel((grid,), (block,), args, shared_mem=shared_bytes)
+
+    def table(self, values: np.ndarray):
+        key = values.tobytes()
+        table = self._tables.get(key)
+        if table is None:
+            table = self._cupy.asarray(values)
+            self._tables[key] = table
+        return table
+
+    def float32(self, n: int):
+        return self._cupy.empty(max(n, 1), dtype=self._cupy.float32)
+
+
+class SimulatorBackend:
+    """Runs the generated kernels in numba's CUDA simulator on NumPy arrays."""
+
+    simulate = True
+
+    def __init__(self, shared_limit: int = 227 * 1024, max_slots: int = 2):
+        self.shared_limit = shared_limit
+        self.max_slots = max_slots
+
+    def kernel(self, spec):
+        return compiler.sim_kernel(spec)
+
+    def call(self, kernel, grid, block, args, shared_bytes):
+        flat = [a.reshape(-1) if isinstance(a, np.ndarray) else a for a in args]
+        kernel[grid, block, 0, shared_bytes](*flat)
+
+    def table(self, values: np.ndarray):
+        return np.array(values, dtype=np.int64)
+
+    def float32(self, n: int):
+        return np.full(max(n, 1), np.nan, dtype=np.float32)
+
+
+def run_forward(backend, problem: Problem, x, y, weights: Weights, threads: int = THREADS) -> None:
+    """Launch the fused forward: ``y = WTConv(x)``.
+
+    Parameters
+    ----------
+    backend : CupyBackend or SimulatorBackend
+    problem : Problem
+    x : array, (B, C, H, W), storage dtype
+    y : array, (B, C, ceil(H/stride), ceil(W/stride)), storage dtype, written
+    weights : Weights
+        Backend arrays of the published parameters, storage dtype.
+    """
+    launch = plan_plane(problem, False, backend.shared_limit, backend.max_slots, threads)
+    geo = backend.table(launch.geo)
+    scratch = backend.float32(launch.scratch_floats) if launch.scratch_floats else geo
+    args = (x, y, x, *weights, geo, scratch, geo)
+    backend.call(backend.kernel(launch.spec), launch.grid, launch.block, args, launch.shared_bytes)
+
+
+def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: Weights,
+                 threads: int = THREADS) -> None:
+    """Launch the fused backward: ``dx`` and every parameter gradient.
+
+    Parameters
+    ----------
+    backend : CupyBackend or SimulatorBackend
+    problem : Problem
+    x : array, (B, C, H, W)
+    dy : array, (B, C, ceil(H/stride), ceil(W/stride))
+    dx : array, (B, C, H, W), written
+    weights : Weights
+    grads : Weights
+        Arrays shaped like ``weights``, written (``base_bias`` only when the
+        problem has a bias).
+    """
+    launch = plan_plane(problem, True, backend.shared_limit, backend.max_slots, threads)
+    geo = backend.table(launch.geo)
+    planes = problem.batch * problem.channels
+    partial = backend.float32(planes * launch.ntaps)
+    scratch = backend.float32(launch.scratch_floats) if launch.scratch_floats else geo
+    args = (dy, dx, x, *weights, partial, scratch, geo)
+    backend.call(backend.kernel(launch.spec), launch.grid, launch.block, args, launch.shared_bytes)
+
+    dims = backend.table(np.array([problem.batch, problem.channels, problem.levels,
+                                   int(problem.has_bias)], dtype=np.int64))
+    finalize = backend.kernel(FinalizeSpec(problem.kernel_size, problem.storage, FINALIZE_THREADS))
+    args = (partial, *weights, *grads, dims)
+    backend.call(finalize, problem.channels, FINALIZE_THREADS, args, 4 * launch.ntaps)

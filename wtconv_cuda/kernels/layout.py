@@ -1,0 +1,197 @@
+"""Geometry of one plane's on-chip working set.
+
+The fused kernels keep a whole ``(H, W)`` plane and its wavelet pyramid in one
+float32 buffer (shared memory when it fits, otherwise a per-block slot of
+global scratch). This module is the single place where that buffer is laid
+out; the kernels read the result from a small int64 table (``geo``), so host
+and device can never disagree about an offset.
+
+Buffer layout, in float32 elements::
+
+    [ folded weights | region A: source grids 0..L-1 | region B ]
+
+* *Folded weights*: ``K*K`` base taps, then ``4*K*K`` taps per level (scale and
+  the Haar factor 1/2 folded in), then the folded bias.
+* *Source grid j* holds level j's raw LL coefficients (grid 0 is the input
+  plane) with a zero halo of ``2R`` (``R = (K-1)//2``) on every side, padded to
+  even size. The halo makes every tap of every convolution an unconditional
+  load.
+* *Region B* holds the convolved subbands ``z_j`` (four ``H_j x W_j`` planes per
+  level). The backward kernel later reuses region B for a second copy of
+  region A's geometry (the ``x`` pyramid) plus the weight-gradient partial
+  sums.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import NamedTuple
+
+import numpy as np
+
+#: Names of the header entries of the ``geo`` table, in order.
+HEADER_FIELDS = (
+    "H", "W", "Hin", "Win", "Hout", "Wout", "L", "C", "nplanes", "slot",
+    "a_off", "a_len", "z_off", "xb_off", "p_off", "has_bias",
+)
+HEADER = {name: i for i, name in enumerate(HEADER_FIELDS)}
+#: Per-level fields, ``LEVEL_FIELDS`` entries for each level 0..L.
+LEVEL_FIELDS = ("Hj", "Wj", "src", "pitch", "z")
+LEVEL_BASE = len(HEADER_FIELDS)
+LEVEL_STRIDE = len(LEVEL_FIELDS)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _round_up(a: int, b: int) -> int:
+    return _ceil_div(a, b) * b
+
+
+def level_shapes(h: int, w: int, levels: int) -> list[tuple[int, int]]:
+    """Grid sizes ``(H_j, W_j)`` for ``j = 0..levels`` (sizes halve with ceil)."""
+    shapes = [(h, w)]
+    for _ in range(levels):
+        h, w = _ceil_div(h, 2), _ceil_div(w, 2)
+        shapes.append((h, w))
+    return shapes
+
+
+def row_chunks(rows: int, kernel_size: int, threads: int) -> int:
+    """Number of row chunks the weight-gradient correlation splits a grid into.
+
+    Each ``(tap row, chunk)`` pair is one thread's work item, so at most
+    ``threads // K`` chunks keep every item on its own thread.
+    """
+    return max(1, min(rows, threads // kernel_size))
+
+
+class PlaneLayout(NamedTuple):
+    """Host view of a plane kernel's buffer layout.
+
+    Attributes
+    ----------
+    geo : numpy.ndarray
+        int64 table passed to the kernel (header, then one entry per level).
+    slot_floats : int
+        float32 elements of one block's working buffer.
+    ntaps : int
+        Weight-gradient entries per plane: ``K*K`` base taps, one bias entry,
+        ``4*K*K`` taps per level.
+    """
+
+    geo: np.ndarray
+    slot_floats: int
+    ntaps: int
+
+
+def weight_region(kernel_size: int, levels: int) -> int:
+    """float32 elements of the folded-weight region (rounded up to 4)."""
+    k2 = kernel_size * kernel_size
+    return _round_up((1 + 4 * levels) * k2 + 1, 4)
+
+
+def bias_index(kernel_size: int, levels: int) -> int:
+    """Index of the folded bias inside the folded-weight region."""
+    return (1 + 4 * levels) * kernel_size * kernel_size
+
+
+@lru_cache(maxsize=256)
+def plane_layout(h: int, w: int, levels: int, kernel_size: int, strip: int,
+                 threads: int, in_stride: int, out_stride: int,
+                 backward: bool) -> PlaneLayout:
+    """Lay out one plane's working buffer.
+
+    Parameters
+    ----------
+    h, w : int
+        Working grid of the plane (the full-resolution ``x`` grid).
+    levels : int
+        Wavelet levels ``L >= 0``.
+    kernel_size : int
+        Odd ``K``.
+    strip : int
+        Outputs per thread along a row (``Q``), a compile-time constant of the
+        kernel.
+    threads : int
+        Threads per block.
+    in_stride, out_stride : int
+        Upsampling factor of the input plane (backward: ``stride``) and
+        subsampling factor of the output (forward: ``stride``).
+    backward : bool
+        Reserve the backward kernel's extra space (``x`` pyramid, partials).
+
+    Returns
+    -------
+    PlaneLayout
+        The table, the buffer size and the number of gradient taps.
+    """
+    radius = (kernel_size - 1) // 2
+    halo = 2 * radius
+    shapes = level_shapes(h, w, levels)
+    hin, win = _ceil_div(h, in_stride), _ceil_div(w, in_stride)
+    hout, wout = _ceil_div(h, out_stride), _ceil_div(w, out_stride)
+
+    wreg = weight_region(kernel_size, levels)
+    # Region A: source grids 0..max(L-1, 0).
+    srcs, pitches = [], []
+    offset = wreg
+    for j in range(max(levels, 1)):
+        hj, wj = shapes[j]
+        half_w = _ceil_div(wj, 2)
+        rows = 2 * _ceil_div(hj, 2) + 2 * halo
+        pitch = 2 * _round_up(half_w, strip) + 2 * halo
+        if j == 0:
+            # The base convolution's strips run over the output grid.
+            last_col = (_round_up(wout, strip) - 1) * out_stride + kernel_size - 1 + radius
+            pitch = max(pitch, last_col + 1)
+        srcs.append(offset)
+        pitches.append(pitch)
+        offset += rows * pitch
+    a_off, a_len = wreg, offset - wreg
+
+    # Region B: the convolved subbands z_1..z_L.
+    z_offs = [0]
+    z_end = offset
+    for j in range(1, levels + 1):
+        hj, wj = shapes[j]
+        z_offs.append(z_end)
+        z_end += 4 * hj * wj
+    slot = z_end
+
+    xb_off = p_off = 0
+    if backward:
+        xb_off = offset  # x pyramid: region A's geometry, shifted
+        p_off = xb_off + a_len
+        chunks0 = row_chunks(h, kernel_size, threads)
+        partial = kernel_size * chunks0 * kernel_size + chunks0
+        for j in range(1, levels + 1):
+            chunks = row_chunks(shapes[j][0], kernel_size, threads)
+            partial = max(partial, kernel_size * chunks * 4 * kernel_size)
+        slot = max(slot, p_off + partial)
+
+    header = dict(H=h, W=w, Hin=hin, Win=win, Hout=hout, Wout=wout, L=levels, C=0,
+                  nplanes=0, slot=slot, a_off=a_off, a_len=a_len, z_off=wreg,
+                  xb_off=xb_off, p_off=p_off, has_bias=0)
+    geo = np.zeros(LEVEL_BASE + LEVEL_STRIDE * (levels + 1), dtype=np.int64)
+    for name, value in header.items():
+        geo[HEADER[name]] = value
+    for j in range(levels + 1):
+        base = LEVEL_BASE + LEVEL_STRIDE * j
+        geo[base + 0], geo[base + 1] = shapes[j]
+        geo[base + 2] = srcs[j] if j < len(srcs) else 0
+        geo[base + 3] = pitches[j] if j < len(pitches) else 0
+        geo[base + 4] = z_offs[j] if j < len(z_offs) else 0
+    ntaps = kernel_size * kernel_size + 1 + 4 * levels * kernel_size * kernel_size
+    geo.setflags(write=False)
+    return PlaneLayout(geo, slot, ntaps)
+
+
+def with_problem(layout: PlaneLayout, channels: int, planes: int, has_bias: bool) -> np.ndarray:
+    """Copy of ``layout.geo`` with the problem-size header entries filled in."""
+    geo = layout.geo.copy()
+    geo[HEADER["C"]] = channels
+    geo[HEADER["nplanes"]] = planes
+    geo[HEADER["has_bias"]] = int(has_bias)
+    return geo
