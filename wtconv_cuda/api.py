@@ -1,0 +1,214 @@
+"""Framework-agnostic entry points: ``forward``, ``backward`` and ``Tape``.
+
+Dispatch is by the array library of ``x``:
+
+- NumPy arrays run on the CPU through the float64 oracle
+  (:mod:`wtconv_cuda.reference`). Results are rounded once to ``x``'s dtype
+  (gradients of weights to each weight's dtype). Weights and ``dy`` may have
+  any supported float dtype: they are promoted to float64 like ``x``.
+- CuPy arrays run on the GPU (:mod:`wtconv_cuda.gpu`, imported on first use).
+  There ``x``, every weight array and ``dy`` must share one dtype.
+- Anything else raises :class:`TypeError`; adapters for other frameworks live
+  in :mod:`wtconv_cuda.bindings`.
+
+Inputs are never written to.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from . import _validate, reference
+from ._arrays import array_library
+from .weights import WTConvWeights
+
+__all__ = ["Saved", "Tape", "forward", "backward"]
+
+
+class Saved(NamedTuple):
+    """What :func:`backward` needs from a forward call, and nothing more.
+
+    The operator is linear in ``x`` and in the weights separately, so no
+    intermediate result is kept: the input gradient needs only the weights
+    and the weight gradients only ``x``. Fields are references, not copies:
+    do not modify ``x`` or the weights in place before calling backward.
+
+    Attributes
+    ----------
+    x : array, shape (B, C, H, W)
+        The forward input.
+    weights : WTConvWeights
+        The forward weights.
+    levels : int
+        The resolved number of wavelet levels.
+    stride : int
+        The output subsampling factor.
+    """
+
+    x: Any
+    weights: WTConvWeights
+    levels: int
+    stride: int
+
+
+class Tape:
+    """Records a forward call so that its backward can be run later.
+
+    Pass a tape to :func:`forward`; it stores a :class:`Saved` record in
+    :attr:`saved`. Recording into a tape that already holds a record replaces
+    it: a tape always holds the most recent forward call. :meth:`backward`
+    can be called any number of times on one record.
+
+    Attributes
+    ----------
+    saved : Saved or None
+        The recorded forward call, ``None`` until one is recorded.
+    """
+
+    __slots__ = ("saved",)
+
+    def __init__(self):
+        self.saved = None
+
+    def __repr__(self):
+        state = "empty" if self.saved is None else "recorded"
+        return f"Tape({state})"
+
+    def backward(self, dy):
+        """Gradients of the recorded forward call; see :func:`backward`.
+
+        Parameters
+        ----------
+        dy : array, shape (B, C, ceil(H/s), ceil(W/s))
+            Gradient of the recorded call's output.
+
+        Returns
+        -------
+        dx : array, shape (B, C, H, W)
+        dw : WTConvWeights
+
+        Raises
+        ------
+        RuntimeError
+            No forward call has been recorded into this tape.
+        TypeError, ValueError
+            ``dy`` is invalid, as in :func:`backward`.
+        """
+        if self.saved is None:
+            raise RuntimeError("Tape.backward called before a forward call recorded into this tape")
+        return backward(self.saved, dy)
+
+
+def _library_of_input(x) -> str:
+    library = array_library(x)
+    if library not in ("numpy", "cupy"):
+        kind = type(x)
+        raise TypeError(
+            f"x must be a numpy.ndarray (CPU) or a cupy.ndarray (GPU), got "
+            f"{kind.__module__}.{kind.__qualname__}"
+        )
+    return library
+
+
+def _cast_gradients(dw: WTConvWeights, weights: WTConvWeights) -> WTConvWeights:
+    return WTConvWeights(
+        *(None if g is None else g.astype(w.dtype, copy=False) for g, w in zip(dw, weights))
+    )
+
+
+def forward(x, w, levels=None, stride=1, tape=None):
+    """Apply the WTConv operator of SPEC.md.
+
+    Parameters
+    ----------
+    x : numpy.ndarray or cupy.ndarray, shape (B, C, H, W)
+        float16, float32 or float64; ``H, W >= 1``; ``B`` may be 0.
+    w : WTConvWeights
+        Arrays of ``x``'s library with ``C`` channels and an odd kernel size.
+        On the CPU any supported float dtype; on the GPU ``x``'s dtype.
+    levels : int or None, default None
+        Number of wavelet levels. ``None`` means ``w.levels``; any other
+        value must equal it.
+    stride : int, default 1
+        Output subsampling factor ``s >= 1``.
+    tape : Tape or None, default None
+        If given, records this call (replacing any earlier record).
+
+    Returns
+    -------
+    y : array, shape (B, C, ceil(H/s), ceil(W/s))
+        Same library and dtype as ``x``.
+
+    Raises
+    ------
+    TypeError
+        ``x`` neither a NumPy nor a CuPy array; weights not a
+        :class:`WTConvWeights` or of another library; unsupported dtype;
+        dtype mismatch on the GPU; ``levels``/``stride`` not an int;
+        ``tape`` not a :class:`Tape`.
+    ValueError
+        ``x`` not 4-D; ``H`` or ``W`` zero; inconsistent weight shapes;
+        even ``K``; channel mismatch; ``levels`` negative or not matching
+        the weights; ``stride < 1``.
+    NotImplementedError
+        CuPy input while the GPU kernels are not available.
+    """
+    library = _library_of_input(x)
+    if tape is not None and not isinstance(tape, Tape):
+        raise TypeError(f"tape must be a Tape or None, got {type(tape).__name__}")
+    on_gpu = library == "cupy"
+    levels, stride = _validate.check_forward(x, w, levels, stride, same_dtype=on_gpu)
+    if on_gpu:
+        from . import gpu
+
+        y = gpu.forward(x, w, levels, stride)
+    else:
+        y = reference.forward(x, w, levels, stride).astype(x.dtype, copy=False)
+    if tape is not None:
+        tape.saved = Saved(x, w, levels, stride)
+    return y
+
+
+def backward(saved, dy):
+    """Gradients of ``<forward(saved.x, saved.weights, ...), dy>``.
+
+    Parameters
+    ----------
+    saved : Saved
+        The forward call (``Tape.saved``, or built by hand).
+    dy : array, shape (B, C, ceil(H/s), ceil(W/s))
+        Gradient of the output, of ``x``'s library. On the CPU any supported
+        float dtype; on the GPU ``x``'s dtype.
+
+    Returns
+    -------
+    dx : array, shape (B, C, H, W)
+        Gradient of ``x``, in ``x``'s library and dtype.
+    dw : WTConvWeights
+        Gradient of every parameter, each in its parameter's layout and
+        dtype; ``dw.base_bias`` is ``None`` for a layer without bias.
+
+    Raises
+    ------
+    TypeError
+        ``saved`` not a :class:`Saved`; ``dy`` of another library than ``x``,
+        of an unsupported dtype, or (GPU) of another dtype than ``x``; and
+        the errors of :func:`forward` for the saved fields.
+    ValueError
+        ``dy`` has the wrong shape; and the errors of :func:`forward` for
+        the saved fields.
+    NotImplementedError
+        CuPy input while the GPU kernels are not available.
+    """
+    if not isinstance(saved, Saved):
+        raise TypeError(f"saved must be a Saved record, got {type(saved).__name__}")
+    x, weights, levels, stride = saved
+    on_gpu = _library_of_input(x) == "cupy"
+    levels, stride = _validate.check_forward(x, weights, levels, stride, same_dtype=on_gpu)
+    _validate.check_dy(dy, x, stride, same_dtype=on_gpu)
+    if on_gpu:
+        from . import gpu
+
+        return gpu.backward(x, weights, dy, levels, stride)
+    dx, dw = reference.backward(x, weights, dy, levels, stride)
+    return dx.astype(x.dtype, copy=False), _cast_gradients(dw, weights)
