@@ -51,7 +51,10 @@ def test_forward_rounds_the_float64_result_once_to_x_dtype(rng, x, w, dtype):
 
 def test_backward_matches_reference_with_mixed_dtypes(rng, x):
     w = random_weights(rng, C, K, L)
-    w = w._replace(base_scale=w.base_scale.astype(np.float16), wavelet_weight=w.wavelet_weight.astype(np.float32))
+    w = w._replace(
+        base_scale=w.base_scale.astype(np.float16),
+        wavelet_weight=w.wavelet_weight.astype(np.float32),
+    )
     x32 = x.astype(np.float32)
     dy = dy_for(rng, x, 3)
     dx, dw = wt.backward(Saved(x32, w, L, 3), dy)
@@ -78,7 +81,9 @@ def test_tape_records_and_runs_backward(rng, x, w):
     # adjoint identity through the public API (no bias: the operator is then linear)
     w0 = w._replace(base_bias=None)
     wt.forward(x, w0, stride=2, tape=tape)
-    assert np.isclose(np.vdot(wt.forward(x, w0, stride=2), dy), np.vdot(x, tape.backward(dy)[0]), rtol=1e-12)
+    assert np.isclose(
+        np.vdot(wt.forward(x, w0, stride=2), dy), np.vdot(x, tape.backward(dy)[0]), rtol=1e-12
+    )
     assert y.shape == dy.shape
 
 
@@ -141,8 +146,16 @@ def test_import_is_light():
 
 def test_public_names():
     assert set(wt.__all__) >= {
-        "forward", "backward", "Tape", "Saved", "WTConvWeights", "init_weights",
-        "weights_from_state_dict", "weights_to_state_dict", "reference", "__version__",
+        "forward",
+        "backward",
+        "Tape",
+        "Saved",
+        "WTConvWeights",
+        "init_weights",
+        "weights_from_state_dict",
+        "weights_to_state_dict",
+        "reference",
+        "__version__",
     }
     for name in wt.__all__:
         assert hasattr(wt, name)
@@ -191,12 +204,16 @@ def test_cupy_inputs_go_to_gpu_module_with_resolved_arguments(rng, x, w, fake_gp
 
 def test_gpu_path_requires_one_dtype(rng, x, w, fake_gpu):
     cx = FakeCupyArray(x.astype(np.float32))
-    with pytest.raises(TypeError, match="weights.base_weight has dtype float64 but x has dtype float32"):
+    with pytest.raises(
+        TypeError, match="weights.base_weight has dtype float64 but x has dtype float32"
+    ):
         wt.forward(cx, fake_cupy_weights(w, np.float64))
     cw = fake_cupy_weights(w, np.float32)
     with pytest.raises(TypeError, match="dy has dtype float64 but x has dtype float32"):
         wt.backward(Saved(cx, cw, L, 1), FakeCupyArray(dy_for(rng, x)))
-    with pytest.raises(TypeError, match="weights.base_weight must be a cupy array like x, got numpy"):
+    with pytest.raises(
+        TypeError, match="weights.base_weight must be a cupy array like x, got numpy"
+    ):
         wt.forward(cx, w)
     with pytest.raises(TypeError, match="dy must be a cupy array like x, got numpy"):
         wt.backward(Saved(cx, cw, L, 1), dy_for(rng, x).astype(np.float32))
@@ -205,7 +222,10 @@ def test_gpu_path_requires_one_dtype(rng, x, w, fake_gpu):
 
 def test_other_frameworks_are_rejected_by_name(w):
     tensor = type("Tensor", (), {"__module__": "torch", "shape": (1, C, 4, 4), "ndim": 4})()
-    with pytest.raises(TypeError, match=r"x must be a numpy.ndarray \(CPU\) or a cupy.ndarray \(GPU\), got torch.Tensor"):
+    with pytest.raises(
+        TypeError,
+        match=r"x must be a numpy.ndarray \(CPU\) or a cupy.ndarray \(GPU\), got torch.Tensor",
+    ):
         wt.forward(tensor, w)
 
 
@@ -214,47 +234,164 @@ def test_other_frameworks_are_rejected_by_name(w):
 # ---------------------------------------------------------------------------
 
 
-def _replace(w, **fields):
-    return w._replace(**fields)
-
-
 BAD_FORWARD = [
     # (id, make (x, w, kwargs), error, message)
-    ("x-rank", lambda x, w: (x[0], w, {}), ValueError, r"x must be a 4-D array \(B, C, H, W\), got 3-D shape \(3, 9, 7\)"),
-    ("x-list", lambda x, w: (x.tolist(), w, {}), TypeError, "x must be a numpy.ndarray .* got builtins.list"),
-    ("x-int", lambda x, w: (x.astype(np.int64), w, {}), TypeError, "x must have dtype float16, float32 or float64, got int64"),
-    ("x-complex", lambda x, w: (x.astype(np.complex128), w, {}), TypeError, "x must have dtype .* got complex128"),
-    ("H-zero", lambda x, w: (x[:, :, :0], w, {}), ValueError, r"x must have non-zero height and width, got shape \(2, 3, 0, 7\)"),
-    ("W-zero", lambda x, w: (x[..., :0], w, {}), ValueError, r"non-zero height and width, got shape \(2, 3, 9, 0\)"),
-    ("channels", lambda x, w: (x[:, :2], w, {}), ValueError, r"weights have C = 3 channels .* but x has 2 channels"),
-    ("weights-tuple", lambda x, w: (x, tuple(w), {}), TypeError, "weights must be a WTConvWeights, got tuple"),
-    ("weights-list-field", lambda x, w: (x, _replace(w, base_scale=[1.0, 1.0, 1.0]), {}), TypeError, "weights.base_scale must be a numpy array like x, got list"),
-    ("weights-int", lambda x, w: (x, _replace(w, base_weight=w.base_weight.astype(np.int32)), {}), TypeError, "weights.base_weight must have dtype float16, float32 or float64, got int32"),
-    ("K-even", lambda x, w: (x, _replace(w, base_weight=np.ones((C, 4, 4))), {}), ValueError, "kernel size K must be odd, got K = 4"),
-    ("base-not-square", lambda x, w: (x, _replace(w, base_weight=np.ones((C, 3, 5))), {}), ValueError, r"weights.base_weight must have shape \(C, K, K\), got \(3, 3, 5\)"),
-    ("K-inconsistent", lambda x, w: (x, _replace(w, wavelet_weight=np.ones((L, C, 4, 5, 5))), {}), ValueError, r"weights.wavelet_weight must have shape \(L, C, 4, K, K\) = \(2, 3, 4, 3, 3\), got \(2, 3, 4, 5, 5\)"),
-    ("wavelet-rank", lambda x, w: (x, _replace(w, wavelet_weight=np.ones((C, 4, 3, 3))), {}), ValueError, r"weights.wavelet_weight must have shape \(L, C, 4, K, K\), got \(3, 4, 3, 3\)"),
-    ("bias-shape", lambda x, w: (x, _replace(w, base_bias=np.ones(C + 1)), {}), ValueError, r"weights.base_bias must have shape \(C,\) = \(3,\), got \(4,\)"),
-    ("scale-shape", lambda x, w: (x, _replace(w, base_scale=np.ones((1, C, 1, 1))), {}), ValueError, r"weights.base_scale must have shape \(C,\) = \(3,\), got \(1, 3, 1, 1\)"),
-    ("wavelet-scale-levels", lambda x, w: (x, _replace(w, wavelet_scale=np.ones((L + 1, C, 4))), {}), ValueError, r"weights.wavelet_scale must have shape \(L, C, 4\) = \(2, 3, 4\), got \(3, 3, 4\)"),
-    ("levels-mismatch", lambda x, w: (x, w, {"levels": 3}), ValueError, r"levels = 3 but the weights hold 2 wavelet levels"),
-    ("levels-negative", lambda x, w: (x, w, {"levels": -1}), ValueError, "levels must be >= 0, got -1"),
-    ("levels-float", lambda x, w: (x, w, {"levels": 2.0}), TypeError, "levels must be an int or None, got float"),
+    (
+        "x-rank",
+        lambda x, w: (x[0], w, {}),
+        ValueError,
+        r"x must be a 4-D array \(B, C, H, W\), got 3-D shape \(3, 9, 7\)",
+    ),
+    (
+        "x-list",
+        lambda x, w: (x.tolist(), w, {}),
+        TypeError,
+        "x must be a numpy.ndarray .* got builtins.list",
+    ),
+    (
+        "x-int",
+        lambda x, w: (x.astype(np.int64), w, {}),
+        TypeError,
+        "x must have dtype float16, float32 or float64, got int64",
+    ),
+    (
+        "x-complex",
+        lambda x, w: (x.astype(np.complex128), w, {}),
+        TypeError,
+        "x must have dtype .* got complex128",
+    ),
+    (
+        "H-zero",
+        lambda x, w: (x[:, :, :0], w, {}),
+        ValueError,
+        r"x must have non-zero height and width, got shape \(2, 3, 0, 7\)",
+    ),
+    (
+        "W-zero",
+        lambda x, w: (x[..., :0], w, {}),
+        ValueError,
+        r"non-zero height and width, got shape \(2, 3, 9, 0\)",
+    ),
+    (
+        "channels",
+        lambda x, w: (x[:, :2], w, {}),
+        ValueError,
+        r"weights have C = 3 channels .* but x has 2 channels",
+    ),
+    (
+        "weights-tuple",
+        lambda x, w: (x, tuple(w), {}),
+        TypeError,
+        "weights must be a WTConvWeights, got tuple",
+    ),
+    (
+        "weights-list-field",
+        lambda x, w: (x, w._replace(base_scale=[1.0, 1.0, 1.0]), {}),
+        TypeError,
+        "weights.base_scale must be a numpy array like x, got list",
+    ),
+    (
+        "weights-int",
+        lambda x, w: (x, w._replace(base_weight=w.base_weight.astype(np.int32)), {}),
+        TypeError,
+        "weights.base_weight must have dtype float16, float32 or float64, got int32",
+    ),
+    (
+        "K-even",
+        lambda x, w: (x, w._replace(base_weight=np.ones((C, 4, 4))), {}),
+        ValueError,
+        "kernel size K must be odd, got K = 4",
+    ),
+    (
+        "base-not-square",
+        lambda x, w: (x, w._replace(base_weight=np.ones((C, 3, 5))), {}),
+        ValueError,
+        r"weights.base_weight must have shape \(C, K, K\), got \(3, 3, 5\)",
+    ),
+    (
+        "K-inconsistent",
+        lambda x, w: (x, w._replace(wavelet_weight=np.ones((L, C, 4, 5, 5))), {}),
+        ValueError,
+        r"weights.wavelet_weight must have shape \(L, C, 4, K, K\) = \(2, 3, 4, 3, 3\), got \(2, 3, 4, 5, 5\)",
+    ),
+    (
+        "wavelet-rank",
+        lambda x, w: (x, w._replace(wavelet_weight=np.ones((C, 4, 3, 3))), {}),
+        ValueError,
+        r"weights.wavelet_weight must have shape \(L, C, 4, K, K\), got \(3, 4, 3, 3\)",
+    ),
+    (
+        "bias-shape",
+        lambda x, w: (x, w._replace(base_bias=np.ones(C + 1)), {}),
+        ValueError,
+        r"weights.base_bias must have shape \(C,\) = \(3,\), got \(4,\)",
+    ),
+    (
+        "scale-shape",
+        lambda x, w: (x, w._replace(base_scale=np.ones((1, C, 1, 1))), {}),
+        ValueError,
+        r"weights.base_scale must have shape \(C,\) = \(3,\), got \(1, 3, 1, 1\)",
+    ),
+    (
+        "wavelet-scale-levels",
+        lambda x, w: (x, w._replace(wavelet_scale=np.ones((L + 1, C, 4))), {}),
+        ValueError,
+        r"weights.wavelet_scale must have shape \(L, C, 4\) = \(2, 3, 4\), got \(3, 3, 4\)",
+    ),
+    (
+        "levels-mismatch",
+        lambda x, w: (x, w, {"levels": 3}),
+        ValueError,
+        r"levels = 3 but the weights hold 2 wavelet levels",
+    ),
+    (
+        "levels-negative",
+        lambda x, w: (x, w, {"levels": -1}),
+        ValueError,
+        "levels must be >= 0, got -1",
+    ),
+    (
+        "levels-float",
+        lambda x, w: (x, w, {"levels": 2.0}),
+        TypeError,
+        "levels must be an int or None, got float",
+    ),
     ("stride-zero", lambda x, w: (x, w, {"stride": 0}), ValueError, "stride must be >= 1, got 0"),
-    ("stride-float", lambda x, w: (x, w, {"stride": 1.5}), TypeError, "stride must be an int, got float"),
-    ("stride-bool", lambda x, w: (x, w, {"stride": True}), TypeError, "stride must be an int, got bool"),
-    ("tape-type", lambda x, w: (x, w, {"tape": object()}), TypeError, "tape must be a Tape or None, got object"),
+    (
+        "stride-float",
+        lambda x, w: (x, w, {"stride": 1.5}),
+        TypeError,
+        "stride must be an int, got float",
+    ),
+    (
+        "stride-bool",
+        lambda x, w: (x, w, {"stride": True}),
+        TypeError,
+        "stride must be an int, got bool",
+    ),
+    (
+        "tape-type",
+        lambda x, w: (x, w, {"tape": object()}),
+        TypeError,
+        "tape must be a Tape or None, got object",
+    ),
 ]
 
 
-@pytest.mark.parametrize("make, error, match", [case[1:] for case in BAD_FORWARD], ids=[case[0] for case in BAD_FORWARD])
+@pytest.mark.parametrize(
+    "make, error, match", [case[1:] for case in BAD_FORWARD], ids=[case[0] for case in BAD_FORWARD]
+)
 def test_forward_rejects_bad_input(x, w, make, error, match):
     args_x, args_w, kwargs = make(x, w)
     with pytest.raises(error, match=match):
         wt.forward(args_x, args_w, **kwargs)
 
 
-@pytest.mark.parametrize("make, error, match", [case[1:] for case in BAD_FORWARD if case[0] != "tape-type"], ids=[case[0] for case in BAD_FORWARD if case[0] != "tape-type"])
+@pytest.mark.parametrize(
+    "make, error, match",
+    [case[1:] for case in BAD_FORWARD if case[0] != "tape-type"],
+    ids=[case[0] for case in BAD_FORWARD if case[0] != "tape-type"],
+)
 def test_backward_rejects_bad_saved_fields(rng, x, w, make, error, match):
     args_x, args_w, kwargs = make(x, w)
     saved = Saved(args_x, args_w, kwargs.get("levels"), kwargs.get("stride", 1))
@@ -265,9 +402,17 @@ def test_backward_rejects_bad_saved_fields(rng, x, w, make, error, match):
 @pytest.mark.parametrize(
     "make_dy, error, match",
     [
-        (lambda dy: dy[:, :, :-1], ValueError, r"dy must have shape .* = \(2, 3, 5, 4\), got \(2, 3, 4, 4\)"),
+        (
+            lambda dy: dy[:, :, :-1],
+            ValueError,
+            r"dy must have shape .* = \(2, 3, 5, 4\), got \(2, 3, 4, 4\)",
+        ),
         (lambda dy: dy[0], ValueError, r"dy must have shape .* got \(3, 5, 4\)"),
-        (lambda dy: dy.astype(np.int16), TypeError, "dy must have dtype float16, float32 or float64, got int16"),
+        (
+            lambda dy: dy.astype(np.int16),
+            TypeError,
+            "dy must have dtype float16, float32 or float64, got int16",
+        ),
         (lambda dy: dy.tolist(), TypeError, "dy must be a numpy array like x, got list"),
     ],
 )

@@ -74,7 +74,9 @@ def test_closed_form_synthesis_equals_level_by_level_loop(h, w, levels, seed):
 
 def test_closed_form_rejects_a_wrong_grid(rng):
     with pytest.raises(ValueError, match=r"zs\[1\] must have shape"):
-        R.closed_form_synthesis([rng.standard_normal((4, 3, 3)), rng.standard_normal((4, 1, 1))], (5, 6))
+        R.closed_form_synthesis(
+            [rng.standard_normal((4, 3, 3)), rng.standard_normal((4, 1, 1))], (5, 6)
+        )
 
 
 def test_analysis_chain_reaches_one_pixel_and_stays_there(rng):
@@ -113,7 +115,9 @@ def test_conv_adjoints(rng, k, hw):
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("k, hw, bias", [(1, (9, 7), True), (3, (4, 11), False), (5, (2, 3), True), (7, (3, 5), True)])
+@pytest.mark.parametrize(
+    "k, hw, bias", [(1, (9, 7), True), (3, (4, 11), False), (5, (2, 3), True), (7, (3, 5), True)]
+)
 def test_zero_levels_is_a_scaled_depthwise_conv(rng, k, hw, bias):
     x = rng.standard_normal((2, 3, *hw))
     w = random_weights(rng, 3, k, 0, bias=bias)
@@ -152,7 +156,9 @@ def _forward_with_pywavelets(x, w, levels):
 def test_forward_equals_pywavelets_composition(rng, levels, hw):
     x = rng.standard_normal((2, 3, *hw))
     w = random_weights(rng, 3, 3, levels)
-    np.testing.assert_allclose(R.forward(x, w), _forward_with_pywavelets(x, w, levels), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        R.forward(x, w), _forward_with_pywavelets(x, w, levels), rtol=1e-12, atol=1e-12
+    )
 
 
 def test_stride_subsamples_the_full_output(rng):
@@ -179,7 +185,12 @@ def test_forward_is_linear_in_x(rng):
     x1, x2 = rng.standard_normal((2, 2, 3, 13, 9))
     a, b = 1.7, -0.3
     combined = R.forward(a * x1 + b * x2, w, stride=2)
-    np.testing.assert_allclose(combined, a * R.forward(x1, w, stride=2) + b * R.forward(x2, w, stride=2), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        combined,
+        a * R.forward(x1, w, stride=2) + b * R.forward(x2, w, stride=2),
+        rtol=1e-12,
+        atol=1e-12,
+    )
 
 
 def test_computes_in_float64_whatever_the_input_dtype(rng):
@@ -204,7 +215,9 @@ def test_empty_batch(rng):
 def test_backward_rejects_a_wrong_dy_shape(rng):
     w = random_weights(rng, 3, 3, 1)
     x = rng.standard_normal((1, 3, 5, 5))
-    with pytest.raises(ValueError, match=r"dy must have shape .* = \(1, 3, 3, 3\), got \(1, 3, 1, 1\)"):
+    with pytest.raises(
+        ValueError, match=r"dy must have shape .* = \(1, 3, 3, 3\), got \(1, 3, 1, 1\)"
+    ):
         R.backward(x, w, np.ones((1, 3, 1, 1)), stride=2)
 
 
@@ -265,7 +278,12 @@ def test_every_gradient_matches_central_differences(rng, bias, levels, k):
     params["x"], grads["x"] = x.copy(), dx
 
     def loss():
-        return _loss(params["x"], WTConvWeights(**{f: params.get(f) for f in WTConvWeights._fields}), g, stride)
+        return _loss(
+            params["x"],
+            WTConvWeights(**{f: params.get(f) for f in WTConvWeights._fields}),
+            g,
+            stride,
+        )
 
     for name, array in params.items():
         grad = grads[name]
@@ -276,7 +294,9 @@ def test_every_gradient_matches_central_differences(rng, bias, levels, k):
         # a random sample of single entries ...
         for flat in rng.choice(array.size, size=min(array.size, 40), replace=False):
             index = np.unravel_index(flat, array.shape)
-            _assert_close(_central_difference(loss, array, index), grad[index], scale, f"{name}{index}")
+            _assert_close(
+                _central_difference(loss, array, index), grad[index], scale, f"{name}{index}"
+            )
         # ... and one random direction through all entries at once
         direction = rng.standard_normal(array.shape)
         base = array.copy()
@@ -286,4 +306,9 @@ def test_every_gradient_matches_central_differences(rng, bias, levels, k):
         array[...] = base - eps * direction
         down = loss()
         array[...] = base
-        _assert_close((up - down) / (2 * eps), np.vdot(grad, direction), np.abs(grad).sum(), f"{name} direction")
+        _assert_close(
+            (up - down) / (2 * eps),
+            np.vdot(grad, direction),
+            np.abs(grad).sum(),
+            f"{name} direction",
+        )

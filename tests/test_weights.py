@@ -17,8 +17,15 @@ def published_haar_filters(channels):
 
     def bank(lo, hi):
         lo, hi = np.asarray(lo, np.float32), np.asarray(hi, np.float32)
-        # torch: stack([lo[None]*lo[:,None], lo[None]*hi[:,None], hi[None]*lo[:,None], hi[None]*hi[:,None]])
-        four = np.stack([lo[None] * lo[:, None], lo[None] * hi[:, None], hi[None] * lo[:, None], hi[None] * hi[:, None]])
+        # torch: stack([lo.unsqueeze(0) * lo.unsqueeze(1), lo.unsqueeze(0) * hi.unsqueeze(1), ...])
+        four = np.stack(
+            [
+                lo[None] * lo[:, None],
+                lo[None] * hi[:, None],
+                hi[None] * lo[:, None],
+                hi[None] * hi[:, None],
+            ]
+        )
         return np.tile(four[:, None], (channels, 1, 1, 1))
 
     wavelet = pywt.Wavelet("db1")
@@ -39,8 +46,12 @@ def published_state_dict(rng, prefix="layer.", levels=2, bias=True):
     if bias:
         sd[f"{prefix}base_conv.bias"] = rng.standard_normal(C).astype(np.float32)
     for i in range(levels):
-        sd[f"{prefix}wavelet_convs.{i}.weight"] = rng.standard_normal((4 * C, 1, K, K)).astype(np.float32)
-        sd[f"{prefix}wavelet_scale.{i}.weight"] = rng.standard_normal((1, 4 * C, 1, 1)).astype(np.float32)
+        sd[f"{prefix}wavelet_convs.{i}.weight"] = rng.standard_normal((4 * C, 1, K, K)).astype(
+            np.float32
+        )
+        sd[f"{prefix}wavelet_scale.{i}.weight"] = rng.standard_normal((1, 4 * C, 1, 1)).astype(
+            np.float32
+        )
     return sd
 
 
@@ -79,7 +90,11 @@ def test_init_statistics_follow_pytorch_conv_default():
 
 
 def test_init_seed_reproducible_and_distinct():
-    a, b, c = init_weights(4, 3, 2, seed=5), init_weights(4, 3, 2, seed=5), init_weights(4, 3, 2, seed=6)
+    a, b, c = (
+        init_weights(4, 3, 2, seed=5),
+        init_weights(4, 3, 2, seed=5),
+        init_weights(4, 3, 2, seed=6),
+    )
     np.testing.assert_array_equal(a.wavelet_weight, b.wavelet_weight)
     assert not np.array_equal(a.wavelet_weight, c.wavelet_weight)
 
@@ -97,7 +112,11 @@ def test_init_zero_levels():
         (dict(channels=2, kernel_size=4), ValueError, "kernel_size must be odd, got 4"),
         (dict(channels=2, kernel_size=0), ValueError, "kernel_size must be >= 1, got 0"),
         (dict(channels=2, levels=-1), ValueError, "levels must be >= 0, got -1"),
-        (dict(channels=2, dtype=np.int32), TypeError, "dtype must be float16, float32 or float64, got int32"),
+        (
+            dict(channels=2, dtype=np.int32),
+            TypeError,
+            "dtype must be float16, float32 or float64, got int32",
+        ),
     ],
 )
 def test_init_rejects_bad_arguments(kwargs, error, match):
@@ -115,7 +134,9 @@ def test_published_state_dict_layout_is_read_correctly(rng):
     w = weights_from_state_dict(sd, prefix="layer")
     assert (w.channels, w.kernel_size, w.levels) == (C, K, 2)
     c, k, i = 2, 3, 1  # row 4*c + k of level i + 1
-    np.testing.assert_array_equal(w.wavelet_weight[i, c, k], sd[f"layer.wavelet_convs.{i}.weight"][4 * c + k, 0])
+    np.testing.assert_array_equal(
+        w.wavelet_weight[i, c, k], sd[f"layer.wavelet_convs.{i}.weight"][4 * c + k, 0]
+    )
     assert w.wavelet_scale[i, c, k] == sd[f"layer.wavelet_scale.{i}.weight"][0, 4 * c + k, 0, 0]
     np.testing.assert_array_equal(w.base_weight[c], sd["layer.base_conv.weight"][c, 0])
     np.testing.assert_array_equal(w.base_scale, sd["layer.base_scale.weight"].ravel())
@@ -194,7 +215,11 @@ def _swap_lh_hl(f):
         pytest.param(_swap_lh_hl, id="LH-HL-swapped"),
         pytest.param(lambda f: -f, id="negated"),
         pytest.param(lambda f: f * np.float32(0.9999), id="off-by-1e-4"),
-        pytest.param(lambda f: np.tile(f[:4], (C, 1, 1, 1)) * np.where(np.arange(4 * C) == 5, -1, 1)[:, None, None, None], id="one-row-flipped"),
+        pytest.param(
+            lambda f: np.tile(f[:4], (C, 1, 1, 1))
+            * np.where(np.arange(4 * C) == 5, -1, 1)[:, None, None, None],
+            id="one-row-flipped",
+        ),
     ],
 )
 def test_wrong_haar_filters_are_rejected(rng, name, corrupt):
@@ -207,7 +232,9 @@ def test_wrong_haar_filters_are_rejected(rng, name, corrupt):
 def test_wrong_filter_shape_is_rejected(rng):
     sd = published_state_dict(rng, prefix="")
     sd["wt_filter"] = sd["wt_filter"][:4]
-    with pytest.raises(ValueError, match=r"wt_filter must have shape \(12, 1, 2, 2\), got \(4, 1, 2, 2\)"):
+    with pytest.raises(
+        ValueError, match=r"wt_filter must have shape \(12, 1, 2, 2\), got \(4, 1, 2, 2\)"
+    ):
         weights_from_state_dict(sd)
 
 
@@ -223,7 +250,9 @@ def test_missing_entry_is_a_key_error(rng):
 def test_gap_in_levels_is_rejected(rng):
     sd = published_state_dict(rng, prefix="", levels=3)
     del sd["wavelet_convs.1.weight"], sd["wavelet_scale.1.weight"]
-    with pytest.raises(ValueError, match=r"unexpected state dict entries .*wavelet_convs\.2\.weight"):
+    with pytest.raises(
+        ValueError, match=r"unexpected state dict entries .*wavelet_convs\.2\.weight"
+    ):
         weights_from_state_dict(sd)
 
 
@@ -233,8 +262,16 @@ def test_gap_in_levels_is_rejected(rng):
         ("base_conv.weight", (C, 1, K, K - 2), r"base_conv.weight must have shape \(C, 1, K, K\)"),
         ("base_conv.bias", (C + 1,), r"base_conv.bias must have shape \(3,\), got \(4,\)"),
         ("base_scale.weight", (C,), r"base_scale.weight must have shape \(1, 3, 1, 1\)"),
-        ("wavelet_convs.0.weight", (4 * C, 1, 3, 3), r"wavelet_convs.0.weight must have shape \(12, 1, 5, 5\)"),
-        ("wavelet_scale.1.weight", (1, C, 1, 1), r"wavelet_scale.1.weight must have shape \(1, 12, 1, 1\)"),
+        (
+            "wavelet_convs.0.weight",
+            (4 * C, 1, 3, 3),
+            r"wavelet_convs.0.weight must have shape \(12, 1, 5, 5\)",
+        ),
+        (
+            "wavelet_scale.1.weight",
+            (1, C, 1, 1),
+            r"wavelet_scale.1.weight must have shape \(1, 12, 1, 1\)",
+        ),
     ],
 )
 def test_wrong_entry_shape_is_rejected(rng, key, shape, match):

@@ -51,9 +51,7 @@ def array_library(x) -> str | None:
 def _library_or_raise(like) -> str:
     library = array_library(like)
     if library is None:
-        raise TypeError(
-            f"expected a NumPy, CuPy, PyTorch or JAX array, got {type(like).__name__}"
-        )
+        raise TypeError(f"expected a NumPy, CuPy, PyTorch or JAX array, got {type(like).__name__}")
     return library
 
 

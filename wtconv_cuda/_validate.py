@@ -11,17 +11,13 @@ import numbers
 import numpy as np
 
 from ._arrays import array_library
-from .weights import WTConvWeights
+from .weights import SUPPORTED_DTYPES, WTConvWeights
 
 __all__ = [
-    "SUPPORTED_DTYPES",
     "output_shape",
     "check_forward",
     "check_dy",
 ]
-
-#: Floating dtypes accepted for inputs, weights and output gradients.
-SUPPORTED_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 
 def output_shape(x_shape, stride: int) -> tuple[int, int, int, int]:
@@ -53,9 +49,7 @@ def _check_library(name: str, arr, library: str) -> None:
 def _check_dtype(name: str, arr) -> None:
     dtype = np.dtype(arr.dtype)
     if dtype not in SUPPORTED_DTYPES:
-        raise TypeError(
-            f"{name} must have dtype float16, float32 or float64, got {dtype}"
-        )
+        raise TypeError(f"{name} must have dtype float16, float32 or float64, got {dtype}")
 
 
 def _check_same_dtype(name: str, arr, x) -> None:
@@ -68,9 +62,7 @@ def _check_same_dtype(name: str, arr, x) -> None:
 
 def _check_shape(name: str, arr, expected: tuple, meaning: str) -> None:
     if tuple(arr.shape) != expected:
-        raise ValueError(
-            f"{name} must have shape {meaning} = {expected}, got {tuple(arr.shape)}"
-        )
+        raise ValueError(f"{name} must have shape {meaning} = {expected}, got {tuple(arr.shape)}")
 
 
 def _check_x(x) -> None:
@@ -80,19 +72,13 @@ def _check_x(x) -> None:
         )
     _check_dtype("x", x)
     if x.shape[2] == 0 or x.shape[3] == 0:
-        raise ValueError(
-            f"x must have non-zero height and width, got shape {tuple(x.shape)}"
-        )
+        raise ValueError(f"x must have non-zero height and width, got shape {tuple(x.shape)}")
 
 
 def _check_weights(weights, x, library: str, same_dtype: bool) -> None:
     if not isinstance(weights, WTConvWeights):
-        raise TypeError(
-            f"weights must be a WTConvWeights, got {type(weights).__name__}"
-        )
-    present = {
-        name: arr for name, arr in weights._asdict().items() if arr is not None
-    }
+        raise TypeError(f"weights must be a WTConvWeights, got {type(weights).__name__}")
+    present = {name: arr for name, arr in weights._asdict().items() if arr is not None}
     for name, arr in present.items():
         _check_library(f"weights.{name}", arr, library)
         _check_dtype(f"weights.{name}", arr)
@@ -102,8 +88,7 @@ def _check_weights(weights, x, library: str, same_dtype: bool) -> None:
     base = weights.base_weight
     if base.ndim != 3 or base.shape[1] != base.shape[2]:
         raise ValueError(
-            "weights.base_weight must have shape (C, K, K), got "
-            f"{tuple(base.shape)}"
+            "weights.base_weight must have shape (C, K, K), got " f"{tuple(base.shape)}"
         )
     c, k = base.shape[0], base.shape[1]
     if k % 2 == 0:
@@ -119,8 +104,7 @@ def _check_weights(weights, x, library: str, same_dtype: bool) -> None:
     wavelet = weights.wavelet_weight
     if wavelet.ndim != 5:
         raise ValueError(
-            "weights.wavelet_weight must have shape (L, C, 4, K, K), got "
-            f"{tuple(wavelet.shape)}"
+            "weights.wavelet_weight must have shape (L, C, 4, K, K), got " f"{tuple(wavelet.shape)}"
         )
     levels = wavelet.shape[0]
     _check_shape("weights.wavelet_weight", wavelet, (levels, c, 4, k, k), "(L, C, 4, K, K)")
@@ -221,6 +205,4 @@ def check_dy(dy, x, stride: int, *, same_dtype: bool) -> None:
     if same_dtype:
         _check_same_dtype("dy", dy, x)
     expected = output_shape(tuple(x.shape), stride)
-    _check_shape(
-        "dy", dy, expected, f"(B, C, ceil(H/{stride}), ceil(W/{stride})) of the output"
-    )
+    _check_shape("dy", dy, expected, f"(B, C, ceil(H/{stride}), ceil(W/{stride})) of the output")

@@ -36,8 +36,10 @@ def _relative_error(a, ref) -> float:
 def _report(label, seconds, y, dx, dw, oracle):
     ref_y, ref_dx, ref_dw = oracle
     print(f"{label}: forward + backward in {seconds * 1e3:.1f} ms")
-    print(f"  max relative error vs float64 oracle: y {_relative_error(y, ref_y):.2e}, "
-          f"dx {_relative_error(dx, ref_dx):.2e}")
+    print(
+        f"  max relative error vs float64 oracle: y {_relative_error(y, ref_y):.2e}, "
+        f"dx {_relative_error(dx, ref_dx):.2e}"
+    )
     for name, g, ref in zip(wt.WTConvWeights._fields, dw, ref_dw):
         if g is not None:
             print(f"    d{name:<15} {_relative_error(g, ref):.2e}")
@@ -62,10 +64,15 @@ def main() -> int:
     x = rng.standard_normal(SHAPE).astype(np.float32)
     b, c, h, w = SHAPE
     dy = rng.standard_normal((b, c, -(-h // STRIDE), -(-w // STRIDE))).astype(np.float32)
-    print(f"wtconv_cuda {wt.__version__}: x {SHAPE} float32, K={KERNEL_SIZE}, levels={LEVELS}, stride={STRIDE}")
+    print(f"wtconv_cuda {wt.__version__}: x {SHAPE} float32, K={KERNEL_SIZE}, ", end="")
+    print(f"levels={LEVELS}, stride={STRIDE}")
 
-    oracle, seconds = _timed(lambda: (reference.forward(x, weights, stride=STRIDE),
-                                      *reference.backward(x, weights, dy, stride=STRIDE)))
+    oracle, seconds = _timed(
+        lambda: (
+            reference.forward(x, weights, stride=STRIDE),
+            *reference.backward(x, weights, dy, stride=STRIDE),
+        )
+    )
     print(f"float64 oracle: forward + backward in {seconds * 1e3:.1f} ms")
 
     def cpu_step():

@@ -147,8 +147,10 @@ def synthesis_chain(zs, out_hw):
         ``r_1``; zeros of shape ``out_hw`` (no leading axes) when ``zs`` is
         empty.
     """
+    if not zs:
+        return np.zeros(tuple(out_hw))
     grids = [tuple(out_hw)] + [tuple(np.shape(z)[-2:]) for z in zs[:-1]]
-    r = np.zeros(tuple(out_hw)) if not zs else 0.0
+    r = 0.0
     for z, grid in zip(reversed(zs), reversed(grids)):
         u = _f64(z).copy()
         u[..., 0, :, :] += r
@@ -188,11 +190,18 @@ def closed_form_synthesis(zs, out_hw):
         z = _f64(z)
         grid = (-(-h // 2**j), -(-w // 2**j))
         if z.ndim < 3 or z.shape[-3:] != (4, *grid):
-            raise ValueError(f"zs[{j - 1}] must have shape (..., 4, {grid[0]}, {grid[1]}), got {z.shape}")
+            raise ValueError(
+                f"zs[{j - 1}] must have shape (..., 4, {grid[0]}, {grid[1]}), got {z.shape}"
+            )
         sy = (1 - 2 * ((py >> (j - 1)) & 1))[:, None]
         sx = (1 - 2 * ((px >> (j - 1)) & 1))[None, :]
         zq = z[..., (py >> j)[:, None], (px >> j)[None, :]]  # (..., 4, H, W)
-        r = r + 2.0**-j * (zq[..., 0, :, :] + sy * zq[..., 1, :, :] + sx * zq[..., 2, :, :] + (sy * sx) * zq[..., 3, :, :])
+        r = r + 2.0**-j * (
+            zq[..., 0, :, :]
+            + sy * zq[..., 1, :, :]
+            + sx * zq[..., 2, :, :]
+            + (sy * sx) * zq[..., 3, :, :]
+        )
     return r
 
 

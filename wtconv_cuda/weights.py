@@ -18,6 +18,9 @@ __all__ = [
     "weights_to_state_dict",
 ]
 
+#: Floating dtypes accepted for inputs, weights and output gradients.
+SUPPORTED_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
 
 class WTConvWeights(NamedTuple):
     """Parameters of one WTConv layer (immutable; a JAX pytree as a NamedTuple).
@@ -116,7 +119,7 @@ def init_weights(channels, kernel_size=5, levels=1, bias=True, dtype=np.float32,
     if k % 2 == 0:
         raise ValueError(f"kernel_size must be odd, got {k}")
     dtype = np.dtype(dtype)
-    if dtype not in (np.float16, np.float32, np.float64):
+    if dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"dtype must be float16, float32 or float64, got {dtype}")
 
     rng = np.random.default_rng(seed)
