@@ -94,7 +94,27 @@ def compile_ptx(spec, cc: tuple[int, int] = (9, 0)) -> tuple[str, str]:
         ptx, _ = cuda.compile_ptx(function, signature, cc=cc)
     except Exception as exc:  # numba raises a zoo of typing/lowering errors
         raise CompileError(f"compiling {spec!r} for sm_{cc[0]}{cc[1]} failed: {exc}") from exc
+    ptx = _with_tuning_directives(ptx, getattr(spec, "threads", 0),
+                                  getattr(spec, "max_registers", 0))
     return ptx, _entry_name(ptx)
+
+
+def _with_tuning_directives(ptx: str, threads: int, max_registers: int) -> str:
+    """Add ``.maxntid`` (block size) and ``.maxnreg`` to the kernel entry.
+
+    PTX places performance-tuning directives between an entry's parameter list
+    and its body; numba has no option for them.
+    """
+    directives = []
+    if threads:
+        directives.append(f".maxntid {threads}, 1, 1")
+    if max_registers:
+        directives.append(f".maxnreg {max_registers}")
+    if not directives:
+        return ptx
+    start = ptx.index(".entry")
+    close = ptx.index(")", start)
+    return ptx[:close + 1] + "\n" + "\n".join(directives) + ptx[close + 1:]
 
 
 def _entry_name(ptx: str) -> str:
@@ -113,8 +133,8 @@ def _cache_key(spec, cc) -> str:
     except Exception:  # pragma: no cover - metadata missing in odd installs
         numba_cuda = "unknown"
     source, name, signature = _source_for(spec)
-    text = "\n".join([str(ABI_VERSION), name, repr(signature), f"{cc}", numba.__version__,
-                      numba_cuda, source])
+    text = "\n".join([str(ABI_VERSION), repr(spec), name, repr(signature), f"{cc}",
+                      numba.__version__, numba_cuda, source])
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 

@@ -21,7 +21,8 @@ from . import compiler
 from .codegen import FinalizeSpec, PlaneSpec
 from .layout import plane_layout, with_problem
 
-THREADS = 256
+MAX_THREADS = 256
+MIN_THREADS = 64
 STRIP = 4
 FINALIZE_THREADS = 128
 
@@ -50,6 +51,33 @@ class Weights(NamedTuple):
     wavelet_scale: object
 
 
+class Tuning(NamedTuple):
+    """Launch-shape overrides (``None`` picks the default)."""
+
+    threads: int | None = None
+    strip: int | None = None
+    max_registers: int | None = None
+
+
+def default_threads(problem: Problem, backward: bool, strip: int) -> int:
+    """Threads per block: enough for the widest phase, a power of two in [64, 256].
+
+    A small plane (a 7x7 ConvNeXt stage) has a few dozen work items per phase;
+    a 256-thread block would leave most of its warps idle.
+    """
+    h, w = problem.height, problem.width
+    out_stride = 1 if backward else problem.stride
+    hout, wout = -(-h // out_stride), -(-w // out_stride)
+    items = hout * -(-wout // strip)
+    if problem.levels:
+        h1, w1 = -(-h // 2), -(-w // 2)
+        items = max(items, h1 * -(-w1 // strip))
+    threads = MIN_THREADS
+    while threads < items and threads < MAX_THREADS:
+        threads *= 2
+    return threads
+
+
 class Launch(NamedTuple):
     """Everything needed to issue one ``wtconv_plane`` launch."""
 
@@ -63,7 +91,7 @@ class Launch(NamedTuple):
 
 
 def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: int,
-               threads: int = THREADS) -> Launch:
+               tuning: Tuning = Tuning()) -> Launch:
     """Choose the kernel variant and launch shape for one plane pass.
 
     The working set goes to shared memory when one plane's buffer fits in
@@ -73,13 +101,16 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
     """
     p = problem
     in_stride, out_stride = (p.stride, 1) if backward else (1, p.stride)
-    layout = plane_layout(p.height, p.width, p.levels, p.kernel_size, STRIP, threads,
+    strip = tuning.strip or STRIP
+    threads = tuning.threads or default_threads(p, backward, strip)
+    max_registers = tuning.max_registers or 0
+    layout = plane_layout(p.height, p.width, p.levels, p.kernel_size, strip, threads,
                           in_stride, out_stride, backward)
     planes = p.batch * p.channels
     slot_bytes = 4 * layout.slot_floats
     scratch = slot_bytes > shared_limit
     spec = PlaneSpec(p.kernel_size, p.storage, in_stride, out_stride, backward, scratch,
-                     threads, STRIP)
+                     threads, strip, max_registers)
     geo = with_problem(layout, p.channels, planes, p.has_bias)
     if scratch:
         grid = max(1, min(planes, max_slots))
@@ -142,7 +173,8 @@ class SimulatorBackend:
         return np.full(max(n, 1), np.nan, dtype=np.float32)
 
 
-def run_forward(backend, problem: Problem, x, y, weights: Weights, threads: int = THREADS) -> None:
+def run_forward(backend, problem: Problem, x, y, weights: Weights,
+                tuning: Tuning = Tuning()) -> None:
     """Launch the fused forward: ``y = WTConv(x)``.
 
     Parameters
@@ -153,8 +185,10 @@ def run_forward(backend, problem: Problem, x, y, weights: Weights, threads: int 
     y : array, (B, C, ceil(H/stride), ceil(W/stride)), storage dtype, written
     weights : Weights
         Backend arrays of the published parameters, storage dtype.
+    tuning : Tuning, optional
+        Launch-shape overrides.
     """
-    launch = plan_plane(problem, False, backend.shared_limit, backend.max_slots, threads)
+    launch = plan_plane(problem, False, backend.shared_limit, backend.max_slots, tuning)
     geo = backend.table(launch.geo)
     scratch = backend.float32(launch.scratch_floats) if launch.scratch_floats else geo
     args = (x, y, x, *weights, geo, scratch, geo)
@@ -162,7 +196,7 @@ def run_forward(backend, problem: Problem, x, y, weights: Weights, threads: int 
 
 
 def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: Weights,
-                 threads: int = THREADS) -> None:
+                 tuning: Tuning = Tuning()) -> None:
     """Launch the fused backward: ``dx`` and every parameter gradient.
 
     Parameters
@@ -176,8 +210,10 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
     grads : Weights
         Arrays shaped like ``weights``, written (``base_bias`` only when the
         problem has a bias).
+    tuning : Tuning, optional
+        Launch-shape overrides.
     """
-    launch = plan_plane(problem, True, backend.shared_limit, backend.max_slots, threads)
+    launch = plan_plane(problem, True, backend.shared_limit, backend.max_slots, tuning)
     geo = backend.table(launch.geo)
     planes = problem.batch * problem.channels
     partial = backend.float32(planes * launch.ntaps)
