@@ -1,0 +1,192 @@
+"""Fused kernels on a real GPU against the float64 oracle.
+
+Runs only where CuPy sees a GPU and ``WTCONV_TEST_GPU=1`` (the device script
+sets it). Every case poisons its outputs with NaN, checks that inputs are
+unchanged, compares every output with the oracle evaluated on the same
+rounded inputs, and checks that two backward runs agree bit for bit.
+
+The oracle is evaluated on a few sampled channels (all batch entries): the
+operator is depthwise, so each channel's outputs and weight gradients depend
+only on that channel's input and weights.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+import numpy as np
+import pytest
+
+if os.environ.get("WTCONV_TEST_GPU") != "1":
+    pytest.skip("GPU tests run with WTCONV_TEST_GPU=1", allow_module_level=True)
+
+cupy = pytest.importorskip("cupy")
+ml_dtypes = pytest.importorskip("ml_dtypes")
+
+from wtconv_cuda import reference  # noqa: E402
+from wtconv_cuda.kernels.launch import (  # noqa: E402
+    CupyBackend, Problem, Weights, run_backward, run_forward,
+)
+from wtconv_cuda.weights import WTConvWeights  # noqa: E402
+
+SHAPES = [(2, 3, 17, 23), (4, 96, 56, 56), (8, 64, 255, 257), (1, 4, 1, 7)]
+LEVELS = list(range(7))
+KERNEL_SIZES = [3, 5, 7, 9]
+STRIDES = [1, 2]
+#: storage -> (host dtype used to round, tolerance on relative error)
+DTYPES = {"float32": (np.float32, 1e-5), "float16": (np.float16, 2e-3),
+          "bfloat16": (ml_dtypes.bfloat16, 1e-2)}
+
+_backend = None
+
+
+def backend():
+    global _backend
+    if _backend is None:
+        _backend = CupyBackend()
+    return _backend
+
+
+def to_device(a: np.ndarray, storage: str):
+    """Round ``a`` to ``storage``; return (device array, rounded float64 copy)."""
+    host = a.astype(DTYPES[storage][0])
+    rounded = host.astype(np.float64)
+    if storage == "bfloat16":
+        host = host.view(np.uint16)
+    return cupy.asarray(np.ascontiguousarray(host)), rounded
+
+
+def to_host(a, storage: str) -> np.ndarray:
+    host = cupy.asnumpy(a)
+    if storage == "bfloat16":
+        host = host.view(ml_dtypes.bfloat16)
+    return host.astype(np.float64)
+
+
+def poisoned(shape, storage: str):
+    if storage == "bfloat16":
+        return cupy.full(shape, 0x7FC1, dtype=cupy.uint16)  # a NaN pattern
+    return cupy.full(shape, np.nan, dtype=DTYPES[storage][0])
+
+
+def rel_err(got: np.ndarray, want: np.ndarray) -> float:
+    assert np.isfinite(got).all(), "output contains NaN/Inf (unwritten or corrupted elements)"
+    scale = np.linalg.norm(want)
+    return float(np.linalg.norm(got - want) / (scale if scale > 0 else 1.0))
+
+
+def sample_channels(c: int) -> list[int]:
+    return sorted({0, c // 2, c - 1})
+
+
+def select_channels(w: WTConvWeights, chans) -> WTConvWeights:
+    return WTConvWeights(w.base_weight[chans],
+                         None if w.base_bias is None else w.base_bias[chans],
+                         w.base_scale[chans], w.wavelet_weight[:, chans], w.wavelet_scale[:, chans])
+
+
+def run_case(shape, levels, k, stride, storage, bias=True, seed=0):
+    b, c, h, w = shape
+    rng = np.random.default_rng(zlib.crc32(repr((shape, levels, k, stride, storage, seed)).encode()))
+    _, tol = DTYPES[storage]
+    x_dev, x = to_device(rng.standard_normal(shape), storage)
+    params = [rng.uniform(-1, 1, (c, k, k)), rng.uniform(-1, 1, c), rng.uniform(0.5, 1.5, c),
+              rng.uniform(-1, 1, (levels, c, 4, k, k)), rng.uniform(-0.5, 0.5, (levels, c, 4))]
+    dev, host = zip(*(to_device(p, storage) for p in params))
+    wts = WTConvWeights(host[0], host[1] if bias else None, *host[2:])
+    wdev = Weights(dev[0], dev[1] if bias else dev[2], *dev[2:])
+    problem = Problem(b, c, h, w, k, levels, stride, storage, bias)
+    ho, wo = -(-h // stride), -(-w // stride)
+    dy_dev, dy = to_device(rng.standard_normal((b, c, ho, wo)), storage)
+    inputs_before = [a.copy() for a in (x_dev, dy_dev, *dev)]
+
+    y_dev = poisoned((b, c, ho, wo), storage)
+    run_forward(backend(), problem, x_dev, y_dev, wdev)
+    chans = sample_channels(c)
+    wsub = select_channels(wts, chans)
+    y_ref = reference.forward(x[:, chans], wsub, levels, stride)
+    y = to_host(y_dev, storage)
+    assert np.isfinite(y).all(), "forward left unwritten (NaN) outputs"
+    assert rel_err(y[:, chans], y_ref) < tol
+
+    results = []
+    for _ in range(2):
+        dx_dev = poisoned(shape, storage)
+        grads = Weights(*(poisoned(a.shape, storage) for a in wdev))
+        run_backward(backend(), problem, x_dev, dy_dev, dx_dev, wdev, grads)
+        results.append((dx_dev, grads))
+    dx_ref, dw_ref = reference.backward(x[:, chans], wsub, dy[:, chans], levels, stride)
+    (dx_dev, grads), (dx2_dev, grads2) = results
+    dx = to_host(dx_dev, storage)
+    assert np.isfinite(dx).all(), "backward left unwritten (NaN) dx"
+    assert rel_err(dx[:, chans], dx_ref) < tol
+    got = dict(base_weight=to_host(grads.base_weight, storage)[chans],
+               base_scale=to_host(grads.base_scale, storage)[chans],
+               wavelet_weight=to_host(grads.wavelet_weight, storage)[:, chans],
+               wavelet_scale=to_host(grads.wavelet_scale, storage)[:, chans])
+    if bias:
+        got["base_bias"] = to_host(grads.base_bias, storage)[chans]
+    for name, value in got.items():
+        want = getattr(dw_ref, name)
+        assert rel_err(value, want) < tol, name
+    # Determinism: the second run matches the first bit for bit.
+    assert bool(cupy.array_equal(dx_dev, dx2_dev))
+    for name in got:
+        assert bool(cupy.array_equal(getattr(grads, name), getattr(grads2, name))), name
+    # Inputs untouched.
+    for before, after in zip(inputs_before, (x_dev, dy_dev, *dev)):
+        assert bool(cupy.array_equal(before, after))
+
+
+CASES = [(s, L, k, st) for s in SHAPES for L in LEVELS for k in KERNEL_SIZES for st in STRIDES]
+
+
+@pytest.mark.parametrize("storage", list(DTYPES))
+@pytest.mark.parametrize("shape,levels,k,stride", CASES)
+def test_matches_oracle(shape, levels, k, stride, storage):
+    run_case(shape, levels, k, stride, storage)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 17, 23), (3, 5, 33, 31)])
+def test_without_bias(shape):
+    run_case(shape, 3, 5, 1, "float32", bias=False)
+    run_case(shape, 2, 3, 2, "float16", bias=False)
+
+
+@pytest.mark.parametrize("k", [1, 11, 15])
+def test_other_kernel_sizes(k):
+    run_case((2, 3, 19, 21), 3, k, 1, "float32")
+
+
+def test_public_api_on_cupy():
+    import wtconv_cuda as wt
+    rng = np.random.default_rng(7)
+    w64 = wt.init_weights(6, 5, 3, dtype=np.float64, seed=3)
+    x64 = rng.standard_normal((2, 6, 29, 30))
+    w = WTConvWeights(*(None if a is None else cupy.asarray(a.astype(np.float32)) for a in w64))
+    x = cupy.asarray(x64.astype(np.float32))
+    tape = wt.Tape()
+    y = wt.forward(x, w, levels=3, tape=tape)
+    dy = cupy.asarray(rng.standard_normal(y.shape).astype(np.float32))
+    dx, dw = tape.backward(dy)
+    wr = WTConvWeights(*(None if a is None else a.astype(np.float32).astype(np.float64) for a in w64))
+    xr = x64.astype(np.float32).astype(np.float64)
+    y_ref = reference.forward(xr, wr, 3, 1)
+    dx_ref, dw_ref = reference.backward(xr, wr, cupy.asnumpy(dy).astype(np.float64), 3, 1)
+    assert rel_err(cupy.asnumpy(y).astype(np.float64), y_ref) < 1e-5
+    assert rel_err(cupy.asnumpy(dx).astype(np.float64), dx_ref) < 1e-5
+    for got, want in zip(dw, dw_ref):
+        assert rel_err(cupy.asnumpy(got).astype(np.float64), want) < 1e-5
+    # Non-contiguous input is read correctly (copied, never misread).
+    xt = cupy.asarray(np.ascontiguousarray(x64.astype(np.float32).transpose(0, 1, 3, 2))).transpose(0, 1, 3, 2)
+    assert not xt.flags.c_contiguous
+    assert bool(cupy.allclose(wt.forward(xt, w), y, rtol=0, atol=0))
+
+
+def test_float64_rejected_on_gpu():
+    import wtconv_cuda as wt
+    w = wt.init_weights(2, 3, 1, dtype=np.float64)
+    w = WTConvWeights(*(None if a is None else cupy.asarray(a) for a in w))
+    with pytest.raises(TypeError, match="float32, float16 and bfloat16"):
+        wt.forward(cupy.ones((1, 2, 5, 5)), w)

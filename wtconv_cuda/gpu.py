@@ -1,0 +1,139 @@
+"""GPU path of the public API: CuPy arrays in, CuPy arrays out.
+
+:func:`wtconv_cuda.forward` and :func:`wtconv_cuda.backward` call these after
+validating their arguments. Work is queued on CuPy's current stream of the
+device that holds ``x``; outputs are allocated from CuPy's memory pool; no
+call synchronises with the host.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._validate import output_shape
+from .weights import WTConvWeights
+
+_backends: dict = {}
+
+
+def storage_of(dtype) -> str:
+    """Kernel storage name of a GPU dtype.
+
+    Parameters
+    ----------
+    dtype : numpy.dtype-like
+        ``float32``, ``float16`` or ``bfloat16`` (e.g. ``ml_dtypes.bfloat16``).
+
+    Returns
+    -------
+    str
+        ``"float32"``, ``"float16"`` or ``"bfloat16"``.
+
+    Raises
+    ------
+    TypeError
+        Any other dtype (float64 and integers included: the kernels compute
+        in float32 and would silently lose float64 precision).
+    """
+    name = np.dtype(dtype).name
+    if name in ("float32", "float16", "bfloat16"):
+        return name
+    raise TypeError(
+        f"x has dtype {name}; the GPU kernels support float32, float16 and bfloat16 "
+        "(use NumPy arrays for the float64 CPU path)"
+    )
+
+
+def _backend(device_id: int):
+    backend = _backends.get(device_id)
+    if backend is None:
+        from .kernels.launch import CupyBackend
+        backend = _backends[device_id] = CupyBackend(device_id)
+    return backend
+
+
+def _problem(x, w: WTConvWeights, levels: int, stride: int):
+    from .kernels.launch import Problem
+    b, c, h, width = x.shape
+    return Problem(b, c, h, width, w.base_weight.shape[-1], levels, stride,
+                   storage_of(x.dtype), w.base_bias is not None)
+
+
+def _kernel_weights(w: WTConvWeights, cupy):
+    from .kernels.launch import Weights
+    arrays = [cupy.ascontiguousarray(a) for a in (w.base_weight, w.base_scale,
+                                                 w.wavelet_weight, w.wavelet_scale)]
+    base_weight, base_scale, wavelet_weight, wavelet_scale = arrays
+    bias = base_scale if w.base_bias is None else cupy.ascontiguousarray(w.base_bias)
+    return Weights(base_weight, bias, base_scale, wavelet_weight, wavelet_scale)
+
+
+def forward(x, w: WTConvWeights, levels: int, stride: int):
+    """Fused forward on the GPU.
+
+    Parameters
+    ----------
+    x : cupy.ndarray, shape (B, C, H, W), float32, float16 or bfloat16
+        Non-contiguous inputs are copied to a contiguous buffer first.
+    w : WTConvWeights
+        CuPy arrays of ``x``'s dtype.
+    levels : int
+        Wavelet levels (already checked against ``w``).
+    stride : int
+        Output subsampling factor.
+
+    Returns
+    -------
+    cupy.ndarray, shape (B, C, ceil(H/stride), ceil(W/stride)), x's dtype
+    """
+    import cupy
+
+    from .kernels.launch import run_forward
+    problem = _problem(x, w, levels, stride)
+    with cupy.cuda.Device(x.device.id):
+        y = cupy.empty(output_shape(x.shape, stride), dtype=x.dtype)
+        if x.shape[0] == 0:
+            return y
+        run_forward(_backend(x.device.id), problem, cupy.ascontiguousarray(x), y,
+                    _kernel_weights(w, cupy))
+    return y
+
+
+def backward(x, w: WTConvWeights, dy, levels: int, stride: int):
+    """Fused backward on the GPU: ``dx`` and every parameter gradient.
+
+    Parameters
+    ----------
+    x : cupy.ndarray, shape (B, C, H, W)
+    w : WTConvWeights
+    dy : cupy.ndarray, shape (B, C, ceil(H/stride), ceil(W/stride)), x's dtype
+    levels, stride : int
+
+    Returns
+    -------
+    dx : cupy.ndarray, shape (B, C, H, W), x's dtype
+    dw : WTConvWeights
+        Gradients in the weights' layouts and dtype; ``base_bias`` is ``None``
+        for a layer without bias. Weight gradients are summed over the batch
+        in a fixed order: two calls on the same inputs agree bit for bit.
+    """
+    import cupy
+
+    from .kernels.launch import Weights, run_backward
+    problem = _problem(x, w, levels, stride)
+    with cupy.cuda.Device(x.device.id):
+        dx = cupy.empty(x.shape, dtype=x.dtype)
+        grads = WTConvWeights(*(None if a is None else cupy.empty(a.shape, dtype=a.dtype)
+                                for a in w))
+        if x.shape[0] == 0:  # an empty batch contributes nothing to the weight gradients
+            for grad in grads:
+                if grad is not None:
+                    grad.fill(0)
+            return dx, grads
+        weights = _kernel_weights(w, cupy)
+        grad_bias = grads.base_bias if grads.base_bias is not None else grads.base_scale
+        outs = Weights(grads.base_weight, grad_bias, grads.base_scale, grads.wavelet_weight,
+                       grads.wavelet_scale)
+        run_backward(_backend(x.device.id), problem, cupy.ascontiguousarray(x),
+                     cupy.ascontiguousarray(dy), dx, weights, outs)
+    return dx, grads
