@@ -1,0 +1,34 @@
+"""One forward and one backward at a given shape, for Nsight Compute.
+
+Warm-up calls compile and load the kernels first; ``ncu --launch-skip`` in
+``scripts/device_check.sh`` skips them so only the measured pair is profiled.
+
+    python benchmarks/ncu_target.py 64 96 56 56 5 5
+"""
+
+import sys
+
+import numpy as np
+
+import cupy
+
+import wtconv_cuda as wt
+from wtconv_cuda.weights import WTConvWeights
+
+
+def main():
+    b, c, h, w, levels, k = (int(v) for v in sys.argv[1:7])
+    rng = np.random.default_rng(0)
+    weights = wt.init_weights(c, k, levels, dtype=np.float32, seed=0)
+    weights = WTConvWeights(*(None if a is None else cupy.asarray(a) for a in weights))
+    x = cupy.asarray(rng.standard_normal((b, c, h, w)).astype(np.float32))
+    dy = cupy.asarray(rng.standard_normal((b, c, h, w)).astype(np.float32))
+    for _ in range(2):  # warm-up, then the measured pair
+        wt.forward(x, weights)
+        wt.backward(wt.Saved(x, weights, levels, 1), dy)
+    cupy.cuda.Device().synchronize()
+    print(f"x bytes: {x.nbytes}")
+
+
+if __name__ == "__main__":
+    main()

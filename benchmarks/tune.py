@@ -1,0 +1,103 @@
+"""Sweep launch shapes (threads, strip, register cap) of the fused kernels.
+
+Compiles every variant in parallel, then times forward and backward of each
+at the ConvNeXt-T stage shapes with CUDA events (median of 30, three rotating
+input sets). Prints one line per variant and writes JSON.
+
+    python benchmarks/tune.py --json tune.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+
+import numpy as np
+
+import cupy
+
+from wtconv_cuda.kernels.compiler import gpu_kernel
+from wtconv_cuda.kernels.launch import (
+    CupyBackend, Problem, Tuning, Weights, plan_plane, run_backward, run_forward,
+)
+from wtconv_cuda.kernels.warmup import compile_all
+
+SHAPES = [(64, 96, 56, 56, 5), (64, 192, 28, 28, 4), (64, 384, 14, 14, 3), (64, 768, 7, 7, 2)]
+
+
+def median_ms(fn, n_inputs=3, repeat=30):
+    for i in range(3):
+        fn(i % n_inputs)
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    times = []
+    for i in range(repeat):
+        start.record()
+        fn(i % n_inputs)
+        stop.record()
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop))
+    return statistics.median(times)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--threads", type=int, nargs="+", default=[64, 128, 256])
+    parser.add_argument("--strips", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--regs", type=int, nargs="+", default=[0, 64, 96, 128])
+    parser.add_argument("--k", type=int, default=5)
+    args = parser.parse_args()
+    backend = CupyBackend()
+    k = args.k
+    tunings = [Tuning(t, s, r) for t, s, r in itertools.product(args.threads, args.strips, args.regs)]
+    specs = set()
+    for (b, c, h, w, lv), tuning, backward in itertools.product(SHAPES, tunings, (False, True)):
+        problem = Problem(b, c, h, w, k, lv, 1, "float32", True)
+        specs.add(plan_plane(problem, backward, backend.shared_limit, backend.max_slots, tuning).spec)
+    compile_all(sorted(specs, key=repr), (9, 0), 16)
+    rows = []
+    rng = np.random.default_rng(0)
+    for b, c, h, w, lv in SHAPES:
+        problem = Problem(b, c, h, w, k, lv, 1, "float32", True)
+        xs = [cupy.asarray(rng.standard_normal((b, c, h, w), dtype=np.float32)) for _ in range(3)]
+        dys = [cupy.asarray(rng.standard_normal((b, c, h, w), dtype=np.float32)) for _ in range(3)]
+        wts = Weights(*(cupy.asarray(rng.uniform(-1, 1, s).astype(np.float32)) for s in
+                        [(c, k, k), (c,), (c,), (lv, c, 4, k, k), (lv, c, 4)]))
+        grads = Weights(*(cupy.empty_like(a) for a in wts))
+        y = cupy.empty_like(xs[0])
+        dx = cupy.empty_like(xs[0])
+        floor_ms = 2 * xs[0].nbytes / 4.0e12 * 1e3
+        best = {}
+        for tuning in tunings:
+            row = dict(shape=[b, c, h, w], levels=lv, k=k, tuning=tuning._asdict())
+            for backward in (False, True):
+                spec = plan_plane(problem, backward, backend.shared_limit, backend.max_slots,
+                                  tuning).spec
+                attrs = gpu_kernel(spec, backend.device_id).attributes
+                if backward:
+                    ms = median_ms(lambda i: run_backward(backend, problem, xs[i], dys[i], dx,
+                                                          wts, grads, tuning))
+                else:
+                    ms = median_ms(lambda i: run_forward(backend, problem, xs[i], y, wts, tuning))
+                key = "backward" if backward else "forward"
+                row[key + "_ms"] = ms
+                row[key + "_regs"] = attrs["num_regs"]
+                row[key + "_local"] = attrs["local_size_bytes"]
+                if ms < best.get(key, (1e9,))[0]:
+                    best[key] = (ms, tuning)
+            rows.append(row)
+            print(f"{(b, c, h, w, lv)} {tuning} fwd {row['forward_ms']:.3f} ms "
+                  f"(regs {row['forward_regs']}, local {row['forward_local']}) "
+                  f"bwd {row['backward_ms']:.3f} ms (regs {row['backward_regs']}, "
+                  f"local {row['backward_local']})", flush=True)
+        print(f"BEST {(b, c, h, w, lv)} floor(fwd) {floor_ms:.3f} ms:",
+              {k_: (round(v[0], 3), tuple(v[1])) for k_, v in best.items()}, flush=True)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(rows, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()
