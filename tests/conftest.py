@@ -1,6 +1,12 @@
 """Shared fixtures and helpers of the CPU test suite."""
 
+import os
 import zlib
+
+# Kernel tests run in numba's CUDA simulator unless the GPU suite is asked for.
+# The variable must be set before numba is first imported.
+if os.environ.get("WTCONV_TEST_GPU") != "1":
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
 import numpy as np
 import pytest
