@@ -49,7 +49,7 @@ class PlaneSpec(NamedTuple):
     threads : int
         Threads per block.
     strip : int
-        Outputs per thread along a row.
+        Coefficient rows per thread in the analysis and output phases.
     max_registers : int
         Register cap handed to ptxas (``.maxnreg``); 0 leaves it free.
     """
@@ -127,39 +127,47 @@ def _store(emit: _Emitter, storage: str, target: str, value: str) -> None:
              f"{target} = uint16(_bits & 0xFFFF)")
 
 
+_F = {name: i for i, name in enumerate(("Hj", "Wj", "src", "pitch", "phase", "z"))}
+
+
 def _geo(name: str) -> str:
     return f"geo[{HEADER[name]}]"
 
 
-def _lvl(level: str, field: int) -> str:
-    return f"geo[{LEVEL_BASE} + {LEVEL_STRIDE} * ({level}) + {field}]"
+def _lvl(level, field: str) -> str:
+    return f"geo[{LEVEL_BASE} + {LEVEL_STRIDE} * ({level}) + {_F[field]}]"
 
 
-def _butterfly(emit: _Emitter, out: str, idx, p0: str, p1: str) -> None:
-    """Haar butterfly of the 2x2 block whose top-left is ``S[p0]`` (row below: ``p1``).
+def _butterfly(emit: _Emitter, out: str, idx, base: str, phase: str) -> None:
+    """Haar butterfly of one coefficient's 2x2 block, stored as four phase planes.
 
-    Defines ``{out}0_{idx}..{out}3_{idx}`` = twice (LL, LH, HL, HH).
+    ``S[base + n * phase]`` holds the block's element ``n`` (0: top-left,
+    1: top-right, 2: bottom-left, 3: bottom-right). Defines
+    ``{out}0_{idx}..{out}3_{idx}`` = twice (LL, LH, HL, HH).
     """
-    emit(f"_a = S[{p0}]", f"_b = S[{p0} + 1]", f"_c = S[{p1}]", f"_d = S[{p1} + 1]",
+    emit(f"_a = S[{base}]", f"_b = S[{base} + {phase}]",
+         f"_c = S[{base} + 2 * {phase}]", f"_d = S[{base} + 3 * {phase}]",
          "_s = _a + _b", "_m = _a - _b", "_t = _c + _d", "_n = _c - _d",
          f"{out}0_{idx} = _s + _t", f"{out}1_{idx} = _s - _t",
          f"{out}2_{idx} = _m + _n", f"{out}3_{idx} = _m - _n")
 
 
+def _phase_index(src: str, pitch: str, phase: str, row: str, col: str, R: int) -> str:
+    """Index of full-resolution element ``(row, col)`` of a polyphase source grid."""
+    return (f"{src} + (({row}) & 1) * 2 * {phase} + (({col}) & 1) * {phase} + "
+            f"((({row}) >> 1) + {R}) * {pitch} + (({col}) >> 1) + {R}")
+
+
 def plane_kernel_source(spec: PlaneSpec) -> str:
     """Python source of ``wtconv_plane`` for ``spec``."""
-    K, Q, T = spec.kernel_size, spec.strip, spec.threads
+    K, T = spec.kernel_size, spec.threads
     if K < 1 or K % 2 == 0:
         raise ValueError(f"kernel_size must be odd and >= 1, got {K}")
     if spec.storage not in STORAGE:
         raise ValueError(f"storage must be one of {STORAGE}, got {spec.storage!r}")
-    if Q * spec.out_stride % 2:
-        raise ValueError("strip * out_stride must be even (parity of strip outputs is static)")
     R = (K - 1) // 2
-    HALO = 2 * R
-    K2 = K * K
-    SI, SO = spec.in_stride, spec.out_stride
-    ld = lambda e: _load(spec.storage, e)  # noqa: E731
+    SI = spec.in_stride
+    ld = lambda x: _load(spec.storage, x)  # noqa: E731
     e = _Emitter()
 
     e("def wtconv_plane(src, out, xsrc, w0, b0, s0, ww, ws, part, scratch, geo):")
@@ -173,15 +181,15 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
           f"L = {_geo('L')}", f"C = {_geo('C')}", f"nplanes = {_geo('nplanes')}",
           f"a_off = {_geo('a_off')}", f"a_len = {_geo('a_len')}",
           f"has_bias = {_geo('has_bias')}",
-          f"src0 = {_lvl(0, 2)}", f"sp0 = {_lvl(0, 3)}")
+          f"src0 = {_lvl(0, 'src')}", f"sp0 = {_lvl(0, 'pitch')}", f"sph0 = {_lvl(0, 'phase')}")
         if spec.scratch:
-            e(f"S = scratch", f"sb = int64(cuda.blockIdx.x) * {_geo('slot')}")
+            e("S = scratch", f"sb = int64(cuda.blockIdx.x) * {_geo('slot')}")
         else:
             e("S = cuda.shared.array(0, dtype=float32)", "sb = int64(0)")
         if spec.backward:
             e(f"xb_off = {_geo('xb_off')}", f"p_off = {_geo('p_off')}",
               "xshift = xb_off - a_off",
-              f"ntaps = {K2 + 1} + {4 * K2} * L")
+              f"ntaps = {K * K + 1} + {4 * K * K} * L")
         e("# The halos of region A stay zero for the whole launch.",
           f"for i in range(tid, a_len, {T}):",
           "    S[sb + a_off + i] = fz",
@@ -195,12 +203,15 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
               f"for idx in range(tid, Hin * Win, {T}):")
             with e.indent():
                 e("iy = idx // Win", "ix = idx - iy * Win",
-                  f"S[sb + src0 + (iy * {SI} + {HALO}) * sp0 + ix * {SI} + {HALO}] = "
+                  f"S[sb + {_phase_index('src0', 'sp0', 'sph0', f'iy * {SI}', f'ix * {SI}', R)}] = "
                   + ld("src[ibase + idx]"))
             e("cuda.syncthreads()")
             _emit_analysis(e, spec)
             _emit_synthesis(e, spec)
-            _emit_output(e, spec)
+            if spec.out_stride in (1, 2):
+                _emit_output_blocks(e, spec)
+            else:
+                _emit_output_generic(e, spec)
             if spec.backward:
                 _emit_weight_gradients(e, spec)
             e("plane += cuda.gridDim.x")
@@ -210,13 +221,14 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
 def _emit_fold_weights(e: _Emitter, spec: PlaneSpec) -> None:
     """Scales (and the Haar 1/2) folded into the channel's taps, in S[sb:]."""
     K, T = spec.kernel_size, spec.threads
-    K2 = K * K
+    K2, KP = K * K, K + 2
     ld = lambda x: _load(spec.storage, x)  # noqa: E731
-    flip = (lambda t: f"{K2 - 1} - {t}") if spec.backward else (lambda t: t)
+    flip = (lambda t: f"{K2 - 1} - ({t})") if spec.backward else (lambda t: t)
     base_tap = ld(f"w0[c * {K2} + {flip('i')}]")
+    padded_tap = ld(f"w0[c * {K2} + {flip(f'dy * {K} + dx')}]")
     level_tap = ld(f"ww[widx * {K2} + {flip('t')}]")
     e(f"nw = {K2} + {4 * K2} * L",
-      f"for i in range(tid, nw + 1, {T}):")
+      f"for i in range(tid, nw + {1 + K * KP}, {T}):")
     with e.indent():
         e(f"if i < {K2}:",
           f"    v = {ld('s0[c]')} * {base_tap}",
@@ -225,59 +237,73 @@ def _emit_fold_weights(e: _Emitter, spec: PlaneSpec) -> None:
             e(f"r = i - {K2}", f"j = r // {4 * K2}", f"rem = r - j * {4 * K2}",
               f"k = rem // {K2}", f"t = rem - k * {K2}", "widx = (j * C + c) * 4 + k",
               f"v = f05 * ({ld('ws[widx]')} * {level_tap})")
-        e("else:")
+        e("elif i == nw:")
         with e.indent():
             e("v = fz")
             if not spec.backward:
                 e("if has_bias != 0:", f"    v = {ld('s0[c]')} * {ld('b0[c]')}")
+        e("else:")
+        with e.indent():
+            e("# base taps again, K x (K+2) with a zero column on each side",
+              "r = i - nw - 1", f"dy = r // {KP}", f"dx = r - dy * {KP} - 1",
+              "v = fz",
+              f"if dx >= 0 and dx < {K}:",
+              f"    v = {ld('s0[c]')} * {padded_tap}")
         e("S[sb + i] = v")
 
 
 def _emit_analysis(e: _Emitter, spec: PlaneSpec) -> None:
-    """Levels 1..L: Haar analysis fused into each subband's KxK convolution."""
+    """Levels 1..L: Haar analysis fused into each subband's KxK convolution.
+
+    A thread owns ``Q`` consecutive coefficient rows of one column; the lanes
+    of a warp own neighbouring columns. It walks the ``K`` tap columns; for
+    each, the ``Q+K-1`` source blocks of that column are loaded once and feed
+    every (output row, tap row) pair they belong to.
+    """
     K, Q, T = spec.kernel_size, spec.strip, spec.threads
     R, K2 = (K - 1) // 2, K * K
-    HALO = 2 * R
-    M = Q + K - 1  # source blocks one tap row of a strip touches
     e("for j in range(1, L + 1):")
     with e.indent():
-        e(f"srcp = {_lvl('j - 1', 2)}", f"spp = {_lvl('j - 1', 3)}",
-          f"Hj = {_lvl('j', 0)}", f"Wj = {_lvl('j', 1)}", f"zo = {_lvl('j', 4)}",
-          f"srcn = {_lvl('j', 2)}", f"spn = {_lvl('j', 3)}",
+        e(f"srcp = {_lvl('j - 1', 'src')}", f"spp = {_lvl('j - 1', 'pitch')}",
+          f"sph = {_lvl('j - 1', 'phase')}",
+          f"Hj = {_lvl('j', 'Hj')}", f"Wj = {_lvl('j', 'Wj')}", f"zo = {_lvl('j', 'z')}",
+          f"srcn = {_lvl('j', 'src')}", f"spn = {_lvl('j', 'pitch')}",
+          f"sphn = {_lvl('j', 'phase')}",
           "HWj = Hj * Wj",
           f"wb = sb + {K2} + (j - 1) * {4 * K2}",
-          f"nstrip = (Wj + {Q - 1}) // {Q}",
-          f"for it in range(tid, Hj * nstrip, {T}):")
+          f"nrb = (Hj + {Q - 1}) // {Q}",
+          f"for it in range(tid, nrb * Wj, {T}):")
         with e.indent():
-            e("qy = it // nstrip", f"sx0 = (it - qy * nstrip) * {Q}",
-              "rb = sb + srcp + 2 * qy * spp + 2 * sx0")
+            e("rb = it // Wj", "qx = it - rb * Wj", f"qy0 = rb * {Q}",
+              "base = sb + srcp + qy0 * spp + qx")
             for k in range(4):
                 e(", ".join(f"acc{k}_{i}" for i in range(Q)) + " = "
                   + ", ".join("fz" for _ in range(Q)))
-            e(f"for dy in range({K}):")
+            e(f"for dx in range({K}):")
             with e.indent():
-                e("r0 = rb + 2 * dy * spp", "r1 = r0 + spp", f"wr = wb + dy * {K}")
-                for m in range(M):
-                    _butterfly(e, "u", m, f"r0 + {2 * m}", f"r1 + {2 * m}")
+                e("wr = wb + dx", "col = base + dx")
                 for k in range(4):
-                    for dx in range(K):
-                        e(f"w{k}_{dx} = S[wr + {k * K2 + dx}]")
-                for k in range(4):
+                    for dy in range(K):
+                        e(f"w{k}_{dy} = S[wr + {k * K2 + dy * K}]")
+                for r in range(Q + K - 1):
+                    _butterfly(e, "u", "", f"col + {r} * spp", "sph")
                     for i in range(Q):
-                        for dx in range(K):
-                            e(f"acc{k}_{i} += w{k}_{dx} * u{k}_{i + dx}")
-            e("zr = sb + zo + qy * Wj + sx0",
-              f"cr = rb + {HALO} * spp + {2 * R}",
-              f"nr = sb + srcn + (qy + {HALO}) * spn + sx0 + {HALO}")
+                        dy = r - i
+                        if 0 <= dy < K:
+                            for k in range(4):
+                                e(f"acc{k}_{i} += w{k}_{dy} * u{k}_")
+            e(f"centre = base + {R} * spp + {R}")
             for i in range(Q):
-                e(f"if sx0 + {i} < Wj:")
+                e(f"qy = qy0 + {i}", "if qy < Hj:")
                 with e.indent():
+                    e("zq = sb + zo + qy * Wj + qx")
                     for k in range(4):
-                        e(f"S[zr + {k} * HWj + {i}] = acc{k}_{i}")
+                        e(f"S[zq + {k} * HWj] = acc{k}_{i}")
                     e("if j < L:")
                     with e.indent():
-                        e(f"p = cr + {2 * i}",
-                          f"S[nr + {i}] = f05 * ((S[p] + S[p + 1]) + (S[p + spp] + S[p + spp + 1]))")
+                        e(f"p = centre + {i} * spp",
+                          "ll = f05 * ((S[p] + S[p + sph]) + (S[p + 2 * sph] + S[p + 3 * sph]))",
+                          f"S[sb + {_phase_index('srcn', 'spn', 'sphn', 'qy', 'qx', R)}] = ll")
         e("cuda.syncthreads()")
 
 
@@ -286,8 +312,9 @@ def _emit_synthesis(e: _Emitter, spec: PlaneSpec) -> None:
     T = spec.threads
     e("for j in range(L, 1, -1):")
     with e.indent():
-        e(f"Hj = {_lvl('j', 0)}", f"Wj = {_lvl('j', 1)}", f"zo = {_lvl('j', 4)}",
-          f"Hp = {_lvl('j - 1', 0)}", f"Wp = {_lvl('j - 1', 1)}", f"zp = {_lvl('j - 1', 4)}",
+        e(f"Hj = {_lvl('j', 'Hj')}", f"Wj = {_lvl('j', 'Wj')}", f"zo = {_lvl('j', 'z')}",
+          f"Hp = {_lvl('j - 1', 'Hj')}", f"Wp = {_lvl('j - 1', 'Wj')}",
+          f"zp = {_lvl('j - 1', 'z')}",
           "HWj = Hj * Wj",
           f"for it in range(tid, HWj, {T}):")
         with e.indent():
@@ -305,87 +332,146 @@ def _emit_synthesis(e: _Emitter, spec: PlaneSpec) -> None:
         e("cuda.syncthreads()")
 
 
-def _emit_output(e: _Emitter, spec: PlaneSpec) -> None:
-    """Base convolution + bias + level-1 synthesis, one strip of outputs per thread."""
+def _emit_level1_synthesis(e: _Emitter, zq: str) -> None:
+    """``r{ey}{ex}``: level-1 synthesis of the 2x2 output block of coefficient ``zq``."""
+    e(f"_s = S[{zq}] + S[{zq} + HW1]", f"_m = S[{zq}] - S[{zq} + HW1]",
+      f"_t = S[{zq} + 2 * HW1] + S[{zq} + 3 * HW1]",
+      f"_n = S[{zq} + 2 * HW1] - S[{zq} + 3 * HW1]",
+      "r00 = f05 * (_s + _t)", "r01 = f05 * (_s - _t)",
+      "r10 = f05 * (_m + _n)", "r11 = f05 * (_m - _n)")
+
+
+def _emit_output_blocks(e: _Emitter, spec: PlaneSpec) -> None:
+    """Outputs for stride 1 (2x2 blocks) or 2 (top-left of each block).
+
+    A thread owns ``Q`` level-1 coefficient rows of one column, i.e. the
+    ``2Q x 2`` output pixels they cover: the base convolution walks the input
+    columns of that window (each feeding two output columns through the
+    zero-padded tap table) and the level-1 synthesis adds the coarse levels.
+    """
     K, Q, T, SO = spec.kernel_size, spec.strip, spec.threads, spec.out_stride
-    R = (K - 1) // 2
-    offsets = sorted({i * SO + dx for i in range(Q) for dx in range(K)})
+    R, KP = (K - 1) // 2, K + 2
+    parities = (0, 1) if SO == 1 else (0,)
+    rows = [2 * i + ey for i in range(Q) for ey in parities]  # output rows, rel. to 2*qy0
+    t_lo, t_hi = min(rows) - R, max(rows) + R
     e(f"bias = S[sb + {bias_index(K, 0)} + {4 * K * K} * L]",
-      f"H1 = {_lvl(1, 0)} if L > 0 else int64(1)",
-      f"W1 = {_lvl(1, 1)} if L > 0 else int64(1)",
-      f"z1 = {_lvl(1, 4)} if L > 0 else int64(0)",
+      f"wpad = sb + {bias_index(K, 0) + 1} + {4 * K * K} * L",
+      "H1 = (H + 1) // 2", "W1 = (W + 1) // 2",
+      f"z1 = {_lvl(1, 'z')} if L > 0 else int64(0)",
       "HW1 = H1 * W1",
       "obase = plane * (Hout * Wout)",
-      f"nstrip = (Wout + {Q - 1}) // {Q}",
-      f"for it in range(tid, Hout * nstrip, {T}):")
+      f"nrb = (H1 + {Q - 1}) // {Q}",
+      f"for it in range(tid, nrb * W1, {T}):")
     with e.indent():
-        e("oy = it // nstrip", f"ox0 = (it - oy * nstrip) * {Q}", f"py = oy * {SO}",
-          f"rb = sb + src0 + (py + {R}) * sp0 + ox0 * {SO} + {R}")
-        e(", ".join(f"acc_{i}" for i in range(Q)) + " = " + ", ".join("fz" for _ in range(Q)))
-        e(f"for dy in range({K}):")
+        e("rb = it // W1", "qx = it - rb * W1", f"qy0 = rb * {Q}",
+          f"rowbase = sb + src0 + (qy0 + {R}) * sp0")
+        e(", ".join(f"acc{o}_{ex}" for o in rows for ex in parities) + " = "
+          + ", ".join("fz" for _ in rows for _ in parities))
+        e(f"for u in range({-R}, {R + len(parities)}):")
         with e.indent():
-            e("r = rb + dy * sp0", f"wr = sb + dy * {K}")
-            for o in offsets:
-                e(f"x_{o} = S[r + {o}]")
-            for dx in range(K):
-                e(f"w_{dx} = S[wr + {dx}]")
-            for i in range(Q):
-                for dx in range(K):
-                    e(f"acc_{i} += w_{dx} * x_{i * SO + dx}")
-        e("orow = obase + oy * Wout + ox0",
-          "zrow = sb + z1 + (py >> 1) * W1 + ((ox0 * %d) >> 1)" % SO,
-          "odd_row = (py & 1) == 1")
+            e(f"colbase = rowbase + (u & 1) * sph0 + qx + (u >> 1) + {R}",
+              f"wu = wpad + u + {R + 1}")
+            for ex in parities:
+                for dy in range(K):
+                    e(f"w{ex}_{dy} = S[wu + {dy * KP - ex}]")
+            for t in range(t_lo, t_hi + 1):
+                e(f"v = S[colbase + {(t & 1) * 2} * sph0 + {t >> 1} * sp0]")
+                for o in rows:
+                    dy = t - o + R
+                    if 0 <= dy < K:
+                        for ex in parities:
+                            e(f"acc{o}_{ex} += w{ex}_{dy} * v")
         for i in range(Q):
-            odd_col = (i * SO) % 2 == 1
-            col = (i * SO) // 2
-            e(f"if ox0 + {i} < Wout:")
+            e(f"qy = qy0 + {i}", "if qy < H1:")
             with e.indent():
-                e(f"v = acc_{i} + bias", "if L > 0:")
+                e("r00 = r01 = r10 = r11 = fz", "if L > 0:")
                 with e.indent():
-                    e(f"z = zrow + {col}",
-                      "if odd_row:",
-                      "    _u = S[z] - S[z + HW1]",
-                      "    _v = S[z + 2 * HW1] - S[z + 3 * HW1]",
-                      "else:",
-                      "    _u = S[z] + S[z + HW1]",
-                      "    _v = S[z + 2 * HW1] + S[z + 3 * HW1]",
-                      f"v += f05 * (_u {'-' if odd_col else '+'} _v)")
-                _store(e, spec.storage, f"out[orow + {i}]", "v")
+                    _emit_level1_synthesis(e, "sb + z1 + qy * W1 + qx")
+                if SO == 2:  # the top-left pixel of each block
+                    _store(e, spec.storage, "out[obase + qy * Wout + qx]", f"acc{2 * i}_0 + bias + r00")
+                    continue
+                for ey in parities:
+                    for ex in parities:
+                        e(f"if 2 * qy + {ey} < H and 2 * qx + {ex} < W:")
+                        with e.indent():
+                            _store(e, spec.storage,
+                                   f"out[obase + (2 * qy + {ey}) * Wout + 2 * qx + {ex}]",
+                                   f"acc{2 * i + ey}_{ex} + bias + r{ey}{ex}")
+    e("cuda.syncthreads()")
+
+
+def _emit_output_generic(e: _Emitter, spec: PlaneSpec) -> None:
+    """Outputs for strides other than 1 and 2: one pixel per work item."""
+    K, T, SO = spec.kernel_size, spec.threads, spec.out_stride
+    R = (K - 1) // 2
+    e(f"bias = S[sb + {bias_index(K, 0)} + {4 * K * K} * L]",
+      "H1 = (H + 1) // 2", "W1 = (W + 1) // 2",
+      f"z1 = {_lvl(1, 'z')} if L > 0 else int64(0)",
+      "HW1 = H1 * W1",
+      "obase = plane * (Hout * Wout)",
+      f"for it in range(tid, Hout * Wout, {T}):")
+    with e.indent():
+        e("oy = it // Wout", "ox = it - oy * Wout", f"py = oy * {SO}", f"px = ox * {SO}",
+          "acc = fz",
+          f"for dy in range({K}):")
+        with e.indent():
+            e(f"fy = py + dy - {R}")
+            for dx in range(K):
+                idx = _phase_index("src0", "sp0", "sph0", "fy", f"px + {dx - R}", R)
+                e(f"acc += S[sb + dy * {K} + {dx}] * S[sb + {idx}]")
+        e("v = acc + bias", "if L > 0:")
+        with e.indent():
+            _emit_level1_synthesis(e, "sb + z1 + (py >> 1) * W1 + (px >> 1)")
+            e("if (py & 1) == 0:",
+              "    v += r00 if (px & 1) == 0 else r01",
+              "else:",
+              "    v += r10 if (px & 1) == 0 else r11")
+        _store(e, spec.storage, "out[obase + it]", "v")
     e("cuda.syncthreads()")
 
 
 def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
-    """Backward only: correlate the x pyramid with the dy pyramid, per plane."""
+    """Backward only: correlate the x pyramid with the dy pyramid, per plane.
+
+    Work item = (tap row ``dy``, chunk of rows); each walks its rows with a
+    sliding window of source values in registers, so every loaded value feeds
+    ``K`` taps. Partial sums of the chunks are then added in a fixed order.
+    """
     K, T = spec.kernel_size, spec.threads
     R, K2 = (K - 1) // 2, K * K
-    HALO = 2 * R
     ld = lambda x: _load(spec.storage, x)  # noqa: E731
     chunks_cap = max(1, T // K)
     e("# ---- weight gradients: x pyramid into region B, then correlations ----",
       f"for i in range(tid, a_len, {T}):",
       "    S[sb + xb_off + i] = fz",
       "cuda.syncthreads()",
+      "xsrc0 = src0 + xshift",
       "xbase = plane * (H * W)",
       f"for idx in range(tid, H * W, {T}):")
     with e.indent():
         e("iy = idx // W", "ix = idx - iy * W",
-          f"S[sb + src0 + xshift + (iy + {HALO}) * sp0 + ix + {HALO}] = " + ld("xsrc[xbase + idx]"))
+          f"S[sb + {_phase_index('xsrc0', 'sp0', 'sph0', 'iy', 'ix', R)}] = "
+          + ld("xsrc[xbase + idx]"))
     e("cuda.syncthreads()",
       "for j in range(1, L):")
     with e.indent():
-        e(f"srcp = {_lvl('j - 1', 2)}", f"spp = {_lvl('j - 1', 3)}",
-          f"Hj = {_lvl('j', 0)}", f"Wj = {_lvl('j', 1)}",
-          f"srcn = {_lvl('j', 2)}", f"spn = {_lvl('j', 3)}",
+        e(f"srcp = {_lvl('j - 1', 'src')} + xshift", f"spp = {_lvl('j - 1', 'pitch')}",
+          f"sph = {_lvl('j - 1', 'phase')}",
+          f"Hj = {_lvl('j', 'Hj')}", f"Wj = {_lvl('j', 'Wj')}",
+          f"srcn = {_lvl('j', 'src')} + xshift", f"spn = {_lvl('j', 'pitch')}",
+          f"sphn = {_lvl('j', 'phase')}",
           f"for it in range(tid, Hj * Wj, {T}):")
         with e.indent():
             e("qy = it // Wj", "qx = it - qy * Wj",
-              f"p = sb + srcp + xshift + (2 * qy + {HALO}) * spp + 2 * qx + {HALO}",
-              f"S[sb + srcn + xshift + (qy + {HALO}) * spn + qx + {HALO}] = "
-              "f05 * ((S[p] + S[p + 1]) + (S[p + spp] + S[p + spp + 1]))")
+              f"p = sb + srcp + (qy + {R}) * spp + qx + {R}",
+              f"S[sb + {_phase_index('srcn', 'spn', 'sphn', 'qy', 'qx', R)}] = "
+              "f05 * ((S[p] + S[p + sph]) + (S[p + 2 * sph] + S[p + 3 * sph]))")
         e("cuda.syncthreads()")
 
+    # Base taps: pixels are walked in column pairs (2m, 2m+1); the window holds
+    # the K+1 x values at columns 2m + e, e = -R..R+1 (register n = e + R).
     e("pbase = plane * ntaps",
-      "# base taps and bias: item = (tap row dy, row chunk)",
+      "W1 = (W + 1) // 2",
       f"P = max(int64(1), min(H, int64({chunks_cap})))",
       f"nit = {K} * P",
       "if tid < nit:")
@@ -394,17 +480,22 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
           ", ".join(f"acc_{dx}" for dx in range(K)) + " = " + ", ".join("fz" for _ in range(K)),
           "py = ch", "while py < H:")
         with e.indent():
-            e(f"grow = sb + src0 + (py + {HALO}) * sp0 + {HALO}",
-              f"xrow = sb + src0 + xshift + (py + dy + {R}) * sp0 + {R}")
-            for m in range(K - 1):
-                e(f"win_{m} = S[xrow + {m}]")
-            e("for px in range(W):")
+            e(f"fy = py + dy - {R}",
+              f"grow = sb + src0 + (py & 1) * 2 * sph0 + ((py >> 1) + {R}) * sp0 + {R}",
+              f"xrow = sb + xsrc0 + (fy & 1) * 2 * sph0 + ((fy >> 1) + {R}) * sp0 + {R}")
+            for n in range(K - 1):
+                ev = n - R
+                e(f"win_{n} = S[xrow + {ev & 1} * sph0 + {ev >> 1}]")
+            e("for m in range(W1):")
             with e.indent():
-                e(f"win_{K - 1} = S[xrow + px + {K - 1}]", "g = S[grow + px]", "gsum += g")
+                for n in (K - 1, K):
+                    ev = n - R
+                    e(f"win_{n} = S[xrow + {ev & 1} * sph0 + m + {ev >> 1}]")
+                e("g0 = S[grow + m]", "g1 = S[grow + sph0 + m]", "gsum += g0 + g1")
                 for dx in range(K):
-                    e(f"acc_{dx} += win_{dx} * g")
-                for m in range(K - 1):
-                    e(f"win_{m} = win_{m + 1}")
+                    e(f"acc_{dx} += win_{dx} * g0 + win_{dx + 1} * g1")
+                for n in range(K - 1):
+                    e(f"win_{n} = win_{n + 2}")
             e("py += P")
         for dx in range(K):
             e(f"S[sb + p_off + tid * {K} + {dx}] = acc_{dx}")
@@ -427,8 +518,9 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
     e("# level taps: item = (tap row dy, row chunk of coefficients), all 4 subbands",
       "for j in range(1, L + 1):")
     with e.indent():
-        e(f"srcp = {_lvl('j - 1', 2)}", f"spp = {_lvl('j - 1', 3)}",
-          f"Hj = {_lvl('j', 0)}", f"Wj = {_lvl('j', 1)}",
+        e(f"srcp = {_lvl('j - 1', 'src')}", f"spp = {_lvl('j - 1', 'pitch')}",
+          f"sph = {_lvl('j - 1', 'phase')}",
+          f"Hj = {_lvl('j', 'Hj')}", f"Wj = {_lvl('j', 'Wj')}",
           f"P = max(int64(1), min(Hj, int64({chunks_cap})))",
           f"nit = {K} * P",
           "if tid < nit:")
@@ -439,16 +531,14 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
                   + ", ".join("fz" for _ in range(K)))
             e("qy = ch", "while qy < Hj:")
             with e.indent():
-                e(f"gp = sb + srcp + (2 * qy + {HALO}) * spp + {HALO}",
-                  "xp = sb + srcp + xshift + (2 * qy + 2 * dy) * spp")
+                e(f"gp = sb + srcp + (qy + {R}) * spp + {R}",
+                  "xp = sb + srcp + xshift + (qy + dy) * spp")
                 for m in range(K - 1):
-                    _butterfly(e, "xu", m, f"xp + {2 * m}", f"xp + spp + {2 * m}")
+                    _butterfly(e, "xu", m, f"xp + {m}", "sph")
                 e("for qx in range(Wj):")
                 with e.indent():
-                    e(f"xq = xp + 2 * qx + {2 * (K - 1)}")
-                    _butterfly(e, "xu", K - 1, "xq", "xq + spp")
-                    e("gq = gp + 2 * qx")
-                    _butterfly(e, "gu", "", "gq", "gq + spp")
+                    _butterfly(e, "xu", K - 1, f"xp + qx + {K - 1}", "sph")
+                    _butterfly(e, "gu", "", "gp + qx", "sph")
                     for k in range(4):
                         for dx in range(K):
                             e(f"acc{k}_{dx} += xu{k}_{dx} * gu{k}_")

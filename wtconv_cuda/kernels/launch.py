@@ -66,12 +66,12 @@ def default_threads(problem: Problem, backward: bool, strip: int) -> int:
     a 256-thread block would leave most of its warps idle.
     """
     h, w = problem.height, problem.width
+    h1, w1 = -(-h // 2), -(-w // 2)
     out_stride = 1 if backward else problem.stride
-    hout, wout = -(-h // out_stride), -(-w // out_stride)
-    items = hout * -(-wout // strip)
-    if problem.levels:
-        h1, w1 = -(-h // 2), -(-w // 2)
-        items = max(items, h1 * -(-w1 // strip))
+    if out_stride in (1, 2):
+        items = -(-h1 // strip) * w1  # strips of `strip` level-1 rows, one column each
+    else:
+        items = -(-h // out_stride) * -(-w // out_stride)
     threads = MIN_THREADS
     while threads < items and threads < MAX_THREADS:
         threads *= 2

@@ -11,11 +11,17 @@ Buffer layout, in float32 elements::
     [ folded weights | region A: source grids 0..L-1 | region B ]
 
 * *Folded weights*: ``K*K`` base taps, then ``4*K*K`` taps per level (scale and
-  the Haar factor 1/2 folded in), then the folded bias.
+  the Haar factor 1/2 folded in), then the folded bias, then the base taps
+  again with a zero column on each side (``K x (K+2)``, for the output phase,
+  which walks input columns and applies each to two output columns).
 * *Source grid j* holds level j's raw LL coefficients (grid 0 is the input
-  plane) with a zero halo of ``2R`` (``R = (K-1)//2``) on every side, padded to
-  even size. The halo makes every tap of every convolution an unconditional
-  load.
+  plane) in *polyphase* form: four planes, one per (row parity, column
+  parity), each ``ceil(H_j/2) x ceil(W_j/2)`` with a zero halo of
+  ``R = (K-1)//2`` on every side (``2R`` at full resolution). The 2x2 Haar
+  block of coefficient ``q`` is then the same index ``q`` in the four planes,
+  so neighbouring threads read neighbouring words (no bank conflicts), and the
+  halo makes every tap an unconditional load. Plane pitches are odd, so
+  threads that walk different rows do not collide either.
 * *Region B* holds the convolved subbands ``z_j`` (four ``H_j x W_j`` planes per
   level). The backward kernel later reuses region B for a second copy of
   region A's geometry (the ``x`` pyramid) plus the weight-gradient partial
@@ -32,11 +38,11 @@ import numpy as np
 #: Names of the header entries of the ``geo`` table, in order.
 HEADER_FIELDS = (
     "H", "W", "Hin", "Win", "Hout", "Wout", "L", "C", "nplanes", "slot",
-    "a_off", "a_len", "z_off", "xb_off", "p_off", "has_bias",
+    "a_off", "a_len", "xb_off", "p_off", "has_bias",
 )
 HEADER = {name: i for i, name in enumerate(HEADER_FIELDS)}
 #: Per-level fields, ``LEVEL_FIELDS`` entries for each level 0..L.
-LEVEL_FIELDS = ("Hj", "Wj", "src", "pitch", "z")
+LEVEL_FIELDS = ("Hj", "Wj", "src", "pitch", "phase", "z")
 LEVEL_BASE = len(HEADER_FIELDS)
 LEVEL_STRIDE = len(LEVEL_FIELDS)
 
@@ -88,8 +94,12 @@ class PlaneLayout(NamedTuple):
 
 def weight_region(kernel_size: int, levels: int) -> int:
     """float32 elements of the folded-weight region (rounded up to 4)."""
-    k2 = kernel_size * kernel_size
-    return _round_up((1 + 4 * levels) * k2 + 1, 4)
+    return _round_up(padded_base_index(kernel_size, levels) + kernel_size * (kernel_size + 2), 4)
+
+
+def padded_base_index(kernel_size: int, levels: int) -> int:
+    """Index of the zero-padded ``K x (K+2)`` copy of the base taps."""
+    return bias_index(kernel_size, levels) + 1
 
 
 def bias_index(kernel_size: int, levels: int) -> int:
@@ -112,7 +122,7 @@ def plane_layout(h: int, w: int, levels: int, kernel_size: int, strip: int,
     kernel_size : int
         Odd ``K``.
     strip : int
-        Outputs per thread along a row (``Q``), a compile-time constant of the
+        Coefficient rows per thread (``Q``), a compile-time constant of the
         kernel.
     threads : int
         Threads per block.
@@ -128,27 +138,23 @@ def plane_layout(h: int, w: int, levels: int, kernel_size: int, strip: int,
         The table, the buffer size and the number of gradient taps.
     """
     radius = (kernel_size - 1) // 2
-    halo = 2 * radius
     shapes = level_shapes(h, w, levels)
     hin, win = _ceil_div(h, in_stride), _ceil_div(w, in_stride)
     hout, wout = _ceil_div(h, out_stride), _ceil_div(w, out_stride)
 
     wreg = weight_region(kernel_size, levels)
-    # Region A: source grids 0..max(L-1, 0).
-    srcs, pitches = [], []
+    # Region A: source grids 0..max(L-1, 0), four phase planes each.
+    srcs, pitches, phases = [], [], []
     offset = wreg
     for j in range(max(levels, 1)):
         hj, wj = shapes[j]
-        half_w = _ceil_div(wj, 2)
-        rows = 2 * _ceil_div(hj, 2) + 2 * halo
-        pitch = 2 * _round_up(half_w, strip) + 2 * halo
-        if j == 0:
-            # The base convolution's strips run over the output grid.
-            last_col = (_round_up(wout, strip) - 1) * out_stride + kernel_size - 1 + radius
-            pitch = max(pitch, last_col + 1)
+        rows = _round_up(_ceil_div(hj, 2), strip) + 2 * radius
+        pitch = _ceil_div(wj, 2) + 2 * radius
+        pitch += 1 - pitch % 2  # odd: row-strided accesses spread over all banks
         srcs.append(offset)
         pitches.append(pitch)
-        offset += rows * pitch
+        phases.append(rows * pitch)
+        offset += 4 * rows * pitch
     a_off, a_len = wreg, offset - wreg
 
     # Region B: the convolved subbands z_1..z_L.
@@ -172,8 +178,8 @@ def plane_layout(h: int, w: int, levels: int, kernel_size: int, strip: int,
         slot = max(slot, p_off + partial)
 
     header = dict(H=h, W=w, Hin=hin, Win=win, Hout=hout, Wout=wout, L=levels, C=0,
-                  nplanes=0, slot=slot, a_off=a_off, a_len=a_len, z_off=wreg,
-                  xb_off=xb_off, p_off=p_off, has_bias=0)
+                  nplanes=0, slot=slot, a_off=a_off, a_len=a_len, xb_off=xb_off, p_off=p_off,
+                  has_bias=0)
     geo = np.zeros(LEVEL_BASE + LEVEL_STRIDE * (levels + 1), dtype=np.int64)
     for name, value in header.items():
         geo[HEADER[name]] = value
@@ -182,7 +188,8 @@ def plane_layout(h: int, w: int, levels: int, kernel_size: int, strip: int,
         geo[base + 0], geo[base + 1] = shapes[j]
         geo[base + 2] = srcs[j] if j < len(srcs) else 0
         geo[base + 3] = pitches[j] if j < len(pitches) else 0
-        geo[base + 4] = z_offs[j] if j < len(z_offs) else 0
+        geo[base + 4] = phases[j] if j < len(phases) else 0
+        geo[base + 5] = z_offs[j] if j < len(z_offs) else 0
     ntaps = kernel_size * kernel_size + 1 + 4 * levels * kernel_size * kernel_size
     geo.setflags(write=False)
     return PlaneLayout(geo, slot, ntaps)
