@@ -44,14 +44,16 @@ def median_ms(fn, n_inputs=3, repeat=30):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", default=None)
-    parser.add_argument("--threads", type=int, nargs="+", default=[64, 128, 256])
-    parser.add_argument("--strips", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--regs", type=int, nargs="+", default=[0, 64, 96, 128])
+    parser.add_argument("--threads", type=int, nargs="+", default=[32, 64, 128])
+    parser.add_argument("--strips", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--regs", type=int, nargs="+", default=[0, 64])
+    parser.add_argument("--groups", type=int, nargs="+", default=[0])
     parser.add_argument("--k", type=int, default=5)
     args = parser.parse_args()
     backend = CupyBackend()
     k = args.k
-    tunings = [Tuning(t, s, r) for t, s, r in itertools.product(args.threads, args.strips, args.regs)]
+    tunings = [Tuning(t, s, r, g or None) for t, s, r, g in
+               itertools.product(args.threads, args.strips, args.regs, args.groups)]
     specs = set()
     for (b, c, h, w, lv), tuning, backward in itertools.product(SHAPES, tunings, (False, True)):
         problem = Problem(b, c, h, w, k, lv, 1, "float32", True)

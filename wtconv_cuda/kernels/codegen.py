@@ -47,11 +47,14 @@ class PlaneSpec(NamedTuple):
     scratch : bool
         Keep the working set in global scratch instead of shared memory.
     threads : int
-        Threads per block.
+        Threads per plane (a block has ``threads * planes_per_block``).
     strip : int
         Coefficient rows per thread in the analysis and output phases.
     max_registers : int
         Register cap handed to ptxas (``.maxnreg``); 0 leaves it free.
+    planes_per_block : int
+        Planes a block works on side by side (``threads`` each); small planes
+        need several to keep a multiprocessor busy.
     """
 
     kernel_size: int
@@ -63,6 +66,7 @@ class PlaneSpec(NamedTuple):
     threads: int = 256
     strip: int = 4
     max_registers: int = 0
+    planes_per_block: int = 1
 
 
 class FinalizeSpec(NamedTuple):
@@ -158,34 +162,41 @@ def _phase_index(src: str, pitch: str, phase: str, row: str, col: str, R: int) -
             f"((({row}) >> 1) + {R}) * {pitch} + (({col}) >> 1) + {R}")
 
 
+LOAD_UNROLL = 8
+FOLD_UNROLL = 4
+
+
 def plane_kernel_source(spec: PlaneSpec) -> str:
     """Python source of ``wtconv_plane`` for ``spec``."""
-    K, T = spec.kernel_size, spec.threads
+    K, T, G = spec.kernel_size, spec.threads, spec.planes_per_block
     if K < 1 or K % 2 == 0:
         raise ValueError(f"kernel_size must be odd and >= 1, got {K}")
     if spec.storage not in STORAGE:
         raise ValueError(f"storage must be one of {STORAGE}, got {spec.storage!r}")
     R = (K - 1) // 2
     SI = spec.in_stride
-    ld = lambda x: _load(spec.storage, x)  # noqa: E731
     e = _Emitter()
 
     e("def wtconv_plane(src, out, xsrc, w0, b0, s0, ww, ws, part, scratch, geo):")
     with e.indent():
-        e("tid = cuda.threadIdx.x",
+        e("# A block runs G planes side by side, one group of T threads (and one",
+          "# buffer slot) each; `tid` is the thread's index within its group.",
+          f"grp = cuda.threadIdx.x // {T}",
+          f"tid = cuda.threadIdx.x - grp * {T}",
           "fz = float32(0.0)",
           "f05 = float32(0.5)",
           f"H = {_geo('H')}", f"W = {_geo('W')}",
           f"Hin = {_geo('Hin')}", f"Win = {_geo('Win')}",
           f"Hout = {_geo('Hout')}", f"Wout = {_geo('Wout')}",
           f"L = {_geo('L')}", f"C = {_geo('C')}", f"nplanes = {_geo('nplanes')}",
+          "B = nplanes // C",
           f"a_off = {_geo('a_off')}", f"a_len = {_geo('a_len')}",
           f"has_bias = {_geo('has_bias')}",
           f"src0 = {_lvl(0, 'src')}", f"sp0 = {_lvl(0, 'pitch')}", f"sph0 = {_lvl(0, 'phase')}")
         if spec.scratch:
-            e("S = scratch", f"sb = int64(cuda.blockIdx.x) * {_geo('slot')}")
+            e("S = scratch", f"sb = (int64(cuda.blockIdx.x) * {G} + grp) * {_geo('slot')}")
         else:
-            e("S = cuda.shared.array(0, dtype=float32)", "sb = int64(0)")
+            e("S = cuda.shared.array(0, dtype=float32)", f"sb = grp * {_geo('slot')}")
         if spec.backward:
             e(f"xb_off = {_geo('xb_off')}", f"p_off = {_geo('p_off')}",
               "xshift = xb_off - a_off",
@@ -193,18 +204,20 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
         e("# The halos of region A stay zero for the whole launch.",
           f"for i in range(tid, a_len, {T}):",
           "    S[sb + a_off + i] = fz",
-          "plane = int64(cuda.blockIdx.x)",
-          "while plane < nplanes:")
+          f"first = int64(cuda.blockIdx.x) * {G}",
+          "while first < nplanes:")
         with e.indent():
-            e("c = plane % C", "cuda.syncthreads()")
+            e("# Planes run channel-major (the batch varies fastest), so a block's",
+              "# groups usually share one channel's taps in cache. A group past the",
+              "# last plane recomputes the last one and stores nothing.",
+              "valid = first + grp < nplanes",
+              "order = first + grp if valid else nplanes - 1",
+              "c = order // B",
+              "plane = (order - c * B) * C + c",
+              "cuda.syncthreads()")
             _emit_fold_weights(e, spec)
-            e("# Input plane into source grid 0 (zero-filled upsampling by the input stride).",
-              "ibase = plane * (Hin * Win)",
-              f"for idx in range(tid, Hin * Win, {T}):")
-            with e.indent():
-                e("iy = idx // Win", "ix = idx - iy * Win",
-                  f"S[sb + {_phase_index('src0', 'sp0', 'sph0', f'iy * {SI}', f'ix * {SI}', R)}] = "
-                  + ld("src[ibase + idx]"))
+            e("# Input plane into source grid 0 (zero-filled upsampling by the input stride).")
+            _emit_plane_load(e, spec, "src", "plane * (Hin * Win)", "Hin", "Win", SI, "src0")
             e("cuda.syncthreads()")
             _emit_analysis(e, spec)
             _emit_synthesis(e, spec)
@@ -214,42 +227,69 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
                 _emit_output_generic(e, spec)
             if spec.backward:
                 _emit_weight_gradients(e, spec)
-            e("plane += cuda.gridDim.x")
+            e(f"first += cuda.gridDim.x * {G}")
     return e.text()
 
 
+def _emit_plane_load(e: _Emitter, spec: PlaneSpec, array: str, base: str, rows: str,
+                     cols: str, stride: int, grid: str) -> None:
+    """Copy a plane from global memory into a polyphase source grid.
+
+    Each thread issues ``LOAD_UNROLL`` independent loads before its first
+    store, so one memory latency covers several elements.
+    """
+    T, U = spec.threads, LOAD_UNROLL
+    R = (spec.kernel_size - 1) // 2
+    e(f"gbase = {base}", f"count = {rows} * {cols}",
+      f"for i0 in range(tid, count, {T * U}):")
+    with e.indent():
+        for u in range(U):
+            e(f"v{u} = {_load(spec.storage, f'{array}[gbase + i0 + {u * T}]')} "
+              f"if i0 + {u * T} < count else fz")
+        for u in range(U):
+            e(f"i = i0 + {u * T}", "if i < count:")
+            with e.indent():
+                e(f"iy = i // {cols}", f"ix = i - iy * {cols}",
+                  f"S[sb + {_phase_index(grid, 'sp0', 'sph0', f'iy * {stride}', f'ix * {stride}', R)}]"
+                  f" = v{u}")
+
+
 def _emit_fold_weights(e: _Emitter, spec: PlaneSpec) -> None:
-    """Scales (and the Haar 1/2) folded into the channel's taps, in S[sb:]."""
-    K, T = spec.kernel_size, spec.threads
+    """Scales (and the Haar 1/2) folded into the channel's taps, in S[sb:].
+
+    Unrolled ``FOLD_UNROLL`` times so that each thread's loads are in flight
+    together.
+    """
+    K, T, U = spec.kernel_size, spec.threads, FOLD_UNROLL
     K2, KP = K * K, K + 2
     ld = lambda x: _load(spec.storage, x)  # noqa: E731
     flip = (lambda t: f"{K2 - 1} - ({t})") if spec.backward else (lambda t: t)
     base_tap = ld(f"w0[c * {K2} + {flip('i')}]")
     padded_tap = ld(f"w0[c * {K2} + {flip(f'dy * {K} + dx')}]")
     level_tap = ld(f"ww[widx * {K2} + {flip('t')}]")
-    e(f"nw = {K2} + {4 * K2} * L",
-      f"for i in range(tid, nw + {1 + K * KP}, {T}):")
+    e(f"nw = {K2} + {4 * K2} * L", f"nfold = nw + {1 + K * KP}",
+      f"scale = {ld('s0[c]')}",
+      f"for i0 in range(tid, nfold, {T * U}):")
     with e.indent():
-        e(f"if i < {K2}:",
-          f"    v = {ld('s0[c]')} * {base_tap}",
-          "elif i < nw:")
-        with e.indent():
-            e(f"r = i - {K2}", f"j = r // {4 * K2}", f"rem = r - j * {4 * K2}",
-              f"k = rem // {K2}", f"t = rem - k * {K2}", "widx = (j * C + c) * 4 + k",
-              f"v = f05 * ({ld('ws[widx]')} * {level_tap})")
-        e("elif i == nw:")
-        with e.indent():
-            e("v = fz")
+        for u in range(U):
+            e(f"i = i0 + {u * T}", f"v{u} = fz",
+              f"if i < {K2}:",
+              f"    v{u} = scale * {base_tap}",
+              "elif i < nw:")
+            with e.indent():
+                e(f"r = i - {K2}", f"j = r // {4 * K2}", f"rem = r - j * {4 * K2}",
+                  f"k = rem // {K2}", f"t = rem - k * {K2}", "widx = (j * C + c) * 4 + k",
+                  f"v{u} = f05 * ({ld('ws[widx]')} * {level_tap})")
             if not spec.backward:
-                e("if has_bias != 0:", f"    v = {ld('s0[c]')} * {ld('b0[c]')}")
-        e("else:")
-        with e.indent():
-            e("# base taps again, K x (K+2) with a zero column on each side",
-              "r = i - nw - 1", f"dy = r // {KP}", f"dx = r - dy * {KP} - 1",
-              "v = fz",
-              f"if dx >= 0 and dx < {K}:",
-              f"    v = {ld('s0[c]')} * {padded_tap}")
-        e("S[sb + i] = v")
+                e("elif i == nw:", "    if has_bias != 0:", f"        v{u} = scale * {ld('b0[c]')}")
+            e("elif i > nw and i < nfold:")
+            with e.indent():
+                e("# base taps again, K x (K+2) with a zero column on each side",
+                  "r = i - nw - 1", f"dy = r // {KP}", f"dx = r - dy * {KP} - 1",
+                  f"if dx >= 0 and dx < {K}:",
+                  f"    v{u} = scale * {padded_tap}")
+        for u in range(U):
+            e(f"if i0 + {u * T} < nfold:", f"    S[sb + i0 + {u * T}] = v{u}")
 
 
 def _emit_analysis(e: _Emitter, spec: PlaneSpec) -> None:
@@ -388,11 +428,14 @@ def _emit_output_blocks(e: _Emitter, spec: PlaneSpec) -> None:
                 with e.indent():
                     _emit_level1_synthesis(e, "sb + z1 + qy * W1 + qx")
                 if SO == 2:  # the top-left pixel of each block
-                    _store(e, spec.storage, "out[obase + qy * Wout + qx]", f"acc{2 * i}_0 + bias + r00")
+                    e("if valid:")
+                    with e.indent():
+                        _store(e, spec.storage, "out[obase + qy * Wout + qx]",
+                               f"acc{2 * i}_0 + bias + r00")
                     continue
                 for ey in parities:
                     for ex in parities:
-                        e(f"if 2 * qy + {ey} < H and 2 * qx + {ex} < W:")
+                        e(f"if valid and 2 * qy + {ey} < H and 2 * qx + {ex} < W:")
                         with e.indent():
                             _store(e, spec.storage,
                                    f"out[obase + (2 * qy + {ey}) * Wout + 2 * qx + {ex}]",
@@ -426,7 +469,9 @@ def _emit_output_generic(e: _Emitter, spec: PlaneSpec) -> None:
               "    v += r00 if (px & 1) == 0 else r01",
               "else:",
               "    v += r10 if (px & 1) == 0 else r11")
-        _store(e, spec.storage, "out[obase + it]", "v")
+        e("if valid:")
+        with e.indent():
+            _store(e, spec.storage, "out[obase + it]", "v")
     e("cuda.syncthreads()")
 
 
@@ -445,13 +490,8 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
       f"for i in range(tid, a_len, {T}):",
       "    S[sb + xb_off + i] = fz",
       "cuda.syncthreads()",
-      "xsrc0 = src0 + xshift",
-      "xbase = plane * (H * W)",
-      f"for idx in range(tid, H * W, {T}):")
-    with e.indent():
-        e("iy = idx // W", "ix = idx - iy * W",
-          f"S[sb + {_phase_index('xsrc0', 'sp0', 'sph0', 'iy', 'ix', R)}] = "
-          + ld("xsrc[xbase + idx]"))
+      "xsrc0 = src0 + xshift")
+    _emit_plane_load(e, spec, "xsrc", "plane * (H * W)", "H", "W", 1, "xsrc0")
     e("cuda.syncthreads()",
       "for j in range(1, L):")
     with e.indent():
@@ -512,7 +552,8 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
           "else:",
           "    for ch in range(P):",
           f"        tot += S[sb + p_off + nit * {K} + ch]",
-          "part[pbase + t] = tot")
+          "if valid:",
+          "    part[pbase + t] = tot")
     e("cuda.syncthreads()")
 
     e("# level taps: item = (tap row dy, row chunk of coefficients), all 4 subbands",
@@ -556,7 +597,8 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
               "tot = fz",
               "for ch in range(P):",
               f"    tot += S[sb + p_off + ((dy * P + ch) * 4 + k) * {K} + dx]",
-              f"part[pbase + {K2 + 1} + (j - 1) * {4 * K2} + t] = tot")
+              "if valid:",
+              f"    part[pbase + {K2 + 1} + (j - 1) * {4 * K2} + t] = tot")
         e("cuda.syncthreads()")
 
 

@@ -94,8 +94,8 @@ def compile_ptx(spec, cc: tuple[int, int] = (9, 0)) -> tuple[str, str]:
         ptx, _ = cuda.compile_ptx(function, signature, cc=cc)
     except Exception as exc:  # numba raises a zoo of typing/lowering errors
         raise CompileError(f"compiling {spec!r} for sm_{cc[0]}{cc[1]} failed: {exc}") from exc
-    ptx = _with_tuning_directives(ptx, getattr(spec, "threads", 0),
-                                  getattr(spec, "max_registers", 0))
+    block = getattr(spec, "threads", 0) * getattr(spec, "planes_per_block", 1)
+    ptx = _with_tuning_directives(ptx, block, getattr(spec, "max_registers", 0))
     return ptx, _entry_name(ptx)
 
 

@@ -57,6 +57,7 @@ class Tuning(NamedTuple):
     threads: int | None = None
     strip: int | None = None
     max_registers: int | None = None
+    planes_per_block: int | None = None
 
 
 def default_threads(problem: Problem, backward: bool, strip: int) -> int:
@@ -109,13 +110,19 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
     planes = p.batch * p.channels
     slot_bytes = 4 * layout.slot_floats
     scratch = slot_bytes > shared_limit
+    group = tuning.planes_per_block or max(1, MAX_THREADS // threads)
+    if not scratch:
+        group = max(1, min(group, shared_limit // slot_bytes))
+    group = min(group, planes)
     spec = PlaneSpec(p.kernel_size, p.storage, in_stride, out_stride, backward, scratch,
-                     threads, strip, max_registers)
+                     threads, strip, max_registers, group)
     geo = with_problem(layout, p.channels, planes, p.has_bias)
+    blocks = -(-planes // group)
     if scratch:
-        grid = max(1, min(planes, max_slots))
-        return Launch(spec, grid, threads, 0, grid * layout.slot_floats, geo, layout.ntaps)
-    return Launch(spec, planes, threads, slot_bytes, 0, geo, layout.ntaps)
+        blocks = max(1, min(blocks, max_slots // group))
+        return Launch(spec, blocks, threads * group, 0, blocks * group * layout.slot_floats,
+                      geo, layout.ntaps)
+    return Launch(spec, blocks, threads * group, group * slot_bytes, 0, geo, layout.ntaps)
 
 
 class CupyBackend:
