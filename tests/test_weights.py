@@ -247,6 +247,11 @@ def test_missing_entry_is_a_key_error(rng):
         weights_from_state_dict(sd, "other")
 
 
+def test_export_rejects_non_weights():
+    with pytest.raises(TypeError, match="WTConvWeights"):
+        weights_to_state_dict({"base_weight": np.zeros((1, 3, 3))})
+
+
 def test_gap_in_levels_is_rejected(rng):
     sd = published_state_dict(rng, prefix="", levels=3)
     del sd["wavelet_convs.1.weight"], sd["wavelet_scale.1.weight"]

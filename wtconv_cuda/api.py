@@ -35,7 +35,7 @@ class Saved(NamedTuple):
 
     Attributes
     ----------
-    x : array, shape (B, C, H, W)
+    x : numpy.ndarray or cupy.ndarray, shape (B, C, H, W)
         The forward input.
     weights : WTConvWeights
         The forward weights.
@@ -63,6 +63,20 @@ class Tape:
     ----------
     saved : Saved or None
         The recorded forward call, ``None`` until one is recorded.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import wtconv_cuda as wt
+    >>> w = wt.init_weights(channels=3, kernel_size=3, levels=2, seed=0)
+    >>> x = np.random.default_rng(0).standard_normal((2, 3, 8, 8))
+    >>> tape = wt.Tape()
+    >>> y = wt.forward(x, w, tape=tape)
+    >>> tape
+    Tape(recorded)
+    >>> dx, dw = tape.backward(np.ones_like(y))
+    >>> dx.shape == x.shape
+    True
     """
 
     __slots__ = ("saved",)
@@ -75,24 +89,27 @@ class Tape:
         return f"Tape({state})"
 
     def backward(self, dy):
-        """Gradients of the recorded forward call; see :func:`backward`.
+        """Gradients of the recorded forward call; see :func:`wtconv_cuda.backward`.
 
         Parameters
         ----------
-        dy : array, shape (B, C, ceil(H/s), ceil(W/s))
-            Gradient of the recorded call's output.
+        dy : numpy.ndarray or cupy.ndarray, shape (B, C, ceil(H/s), ceil(W/s))
+            Gradient of the recorded call's output, of ``x``'s library (on
+            the GPU also of ``x``'s dtype).
 
         Returns
         -------
-        dx : array, shape (B, C, H, W)
+        dx : numpy.ndarray or cupy.ndarray, shape (B, C, H, W)
+            Gradient of ``x``, in ``x``'s library and dtype.
         dw : WTConvWeights
+            Gradient of every parameter, in its shape and dtype.
 
         Raises
         ------
         RuntimeError
             No forward call has been recorded into this tape.
         TypeError, ValueError
-            ``dy`` is invalid, as in :func:`backward`.
+            ``dy`` is invalid, as in :func:`wtconv_cuda.backward`.
         """
         if self.saved is None:
             raise RuntimeError("Tape.backward called before a forward call recorded into this tape")
@@ -122,10 +139,12 @@ def forward(x, w, levels=None, stride=1, tape=None):
     Parameters
     ----------
     x : numpy.ndarray or cupy.ndarray, shape (B, C, H, W)
-        float16, float32 or float64; ``H, W >= 1``; ``B`` may be 0.
+        ``H, W >= 1``; ``B`` may be 0. NumPy (CPU): float16, float32 or
+        float64. CuPy (GPU): float32 or float16.
     w : WTConvWeights
-        Arrays of ``x``'s library with ``C`` channels and an odd kernel size.
-        On the CPU any supported float dtype; on the GPU ``x``'s dtype.
+        Arrays of ``x``'s library with ``C`` channels and an odd kernel size
+        ``K``. On the CPU any of float16, float32 and float64; on the GPU
+        ``x``'s dtype.
     levels : int or None, default None
         Number of wavelet levels. ``None`` means ``w.levels``; any other
         value must equal it.
@@ -136,22 +155,40 @@ def forward(x, w, levels=None, stride=1, tape=None):
 
     Returns
     -------
-    y : array, shape (B, C, ceil(H/s), ceil(W/s))
-        Same library and dtype as ``x``.
+    y : numpy.ndarray or cupy.ndarray, shape (B, C, ceil(H/s), ceil(W/s))
+        Same library and dtype as ``x``. The CPU path computes in float64 and
+        rounds once; the GPU path accumulates in float32 and rounds once.
 
     Raises
     ------
     TypeError
         ``x`` neither a NumPy nor a CuPy array; weights not a
-        :class:`WTConvWeights` or of another library; unsupported dtype;
-        dtype mismatch on the GPU; ``levels``/``stride`` not an int;
-        ``tape`` not a :class:`Tape`.
+        :class:`WTConvWeights` or of another library; unsupported dtype
+        (float64 on the GPU included); dtype mismatch on the GPU;
+        ``levels``/``stride`` not an int; ``tape`` not a :class:`Tape`.
     ValueError
         ``x`` not 4-D; ``H`` or ``W`` zero; inconsistent weight shapes;
         even ``K``; channel mismatch; ``levels`` negative or not matching
         the weights; ``stride < 1``.
-    NotImplementedError
-        CuPy input while the GPU kernels are not available.
+    wtconv_cuda.kernels.compiler.CompileError
+        GPU only: the kernel variant could not be compiled or loaded.
+
+    See Also
+    --------
+    backward : the gradients of a recorded call.
+    wtconv_cuda.reference.forward : the float64 oracle.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import wtconv_cuda as wt
+    >>> w = wt.init_weights(channels=4, kernel_size=5, levels=2, seed=0)
+    >>> x = np.ones((1, 4, 9, 12), dtype=np.float32)
+    >>> wt.forward(x, w).shape
+    (1, 4, 9, 12)
+    >>> y = wt.forward(x, w, stride=2)
+    >>> y.shape, y.dtype
+    ((1, 4, 5, 6), dtype('float32'))
     """
     library = _library_of_input(x)
     if tape is not None and not isinstance(tape, Tape):
@@ -176,17 +213,19 @@ def backward(saved, dy):
     ----------
     saved : Saved
         The forward call (``Tape.saved``, or built by hand).
-    dy : array, shape (B, C, ceil(H/s), ceil(W/s))
-        Gradient of the output, of ``x``'s library. On the CPU any supported
-        float dtype; on the GPU ``x``'s dtype.
+    dy : numpy.ndarray or cupy.ndarray, shape (B, C, ceil(H/s), ceil(W/s))
+        Gradient of the output, of ``x``'s library. On the CPU any of
+        float16, float32 and float64; on the GPU ``x``'s dtype.
 
     Returns
     -------
-    dx : array, shape (B, C, H, W)
+    dx : numpy.ndarray or cupy.ndarray, shape (B, C, H, W)
         Gradient of ``x``, in ``x``'s library and dtype.
     dw : WTConvWeights
-        Gradient of every parameter, each in its parameter's layout and
-        dtype; ``dw.base_bias`` is ``None`` for a layer without bias.
+        Gradient of every parameter, each in its parameter's shape and
+        dtype; ``dw.base_bias`` is ``None`` for a layer without bias. On the
+        GPU the batch is summed in a fixed order: repeated calls return
+        bitwise identical results.
 
     Raises
     ------
@@ -197,8 +236,22 @@ def backward(saved, dy):
     ValueError
         ``dy`` has the wrong shape; and the errors of :func:`forward` for
         the saved fields.
-    NotImplementedError
-        CuPy input while the GPU kernels are not available.
+    wtconv_cuda.kernels.compiler.CompileError
+        GPU only: a kernel variant could not be compiled or loaded.
+
+    See Also
+    --------
+    Tape.backward : the same, for the call recorded in a tape.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import wtconv_cuda as wt
+    >>> w = wt.init_weights(channels=2, kernel_size=3, levels=1, seed=0)
+    >>> x = np.zeros((1, 2, 6, 6), dtype=np.float32)
+    >>> dx, dw = wt.backward(wt.Saved(x, w, levels=1, stride=2), np.ones((1, 2, 3, 3)))
+    >>> dx.shape, dx.dtype, dw.wavelet_weight.shape
+    ((1, 2, 6, 6), dtype('float32'), (1, 2, 4, 3, 3))
     """
     if not isinstance(saved, Saved):
         raise TypeError(f"saved must be a Saved record, got {type(saved).__name__}")

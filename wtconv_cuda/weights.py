@@ -44,6 +44,19 @@ class WTConvWeights(NamedTuple):
         ``c``, subband ``k`` (0..3 = LL, LH, HL, HH).
     wavelet_scale : array, shape (L, C, 4)
         Per-subband scale of each level.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from wtconv_cuda import WTConvWeights
+    >>> C, K, L = 3, 5, 2
+    >>> w = WTConvWeights(
+    ...     base_weight=np.zeros((C, K, K)), base_bias=None, base_scale=np.ones(C),
+    ...     wavelet_weight=np.zeros((L, C, 4, K, K)), wavelet_scale=np.full((L, C, 4), 0.1))
+    >>> w.channels, w.kernel_size, w.levels
+    (3, 5, 2)
+    >>> w._replace(base_bias=np.zeros(C)).base_bias.shape
+    (3,)
     """
 
     base_weight: Any
@@ -54,17 +67,17 @@ class WTConvWeights(NamedTuple):
 
     @property
     def channels(self) -> int:
-        """int : Number of channels ``C``."""
+        """Number of channels ``C`` (an int)."""
         return int(self.base_weight.shape[0])
 
     @property
     def kernel_size(self) -> int:
-        """int : Kernel size ``K``."""
+        """Kernel size ``K`` (an int)."""
         return int(self.base_weight.shape[-1])
 
     @property
     def levels(self) -> int:
-        """int : Number of wavelet levels ``L``."""
+        """Number of wavelet levels ``L`` (an int)."""
         return int(self.wavelet_weight.shape[0])
 
 
@@ -112,6 +125,18 @@ def init_weights(channels, kernel_size=5, levels=1, bias=True, dtype=np.float32,
         A size is not an int, or ``dtype`` is not a supported float dtype.
     ValueError
         ``channels < 1``, ``kernel_size < 1`` or even, ``levels < 0``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import wtconv_cuda as wt
+    >>> w = wt.init_weights(channels=8, kernel_size=5, levels=3, seed=0)
+    >>> w.wavelet_weight.shape, w.wavelet_weight.dtype
+    ((3, 8, 4, 5, 5), dtype('float32'))
+    >>> float(w.base_scale[0]), float(w.wavelet_scale[0, 0, 0])
+    (1.0, 0.10000000149011612)
+    >>> wt.init_weights(8, bias=False, dtype=np.float16).base_bias is None
+    True
     """
     c = _require_int("channels", channels, 1)
     k = _require_int("kernel_size", kernel_size, 1)
@@ -227,6 +252,20 @@ def weights_from_state_dict(state_dict, prefix=""):
         An entry has the wrong shape, a fixed filter has the wrong values
         (only the Haar wavelet is supported), or an unknown entry starts with
         the prefix (for instance a gap in the level numbering).
+
+    See Also
+    --------
+    weights_to_state_dict : the inverse conversion.
+
+    Examples
+    --------
+    >>> import wtconv_cuda as wt
+    >>> sd = wt.weights_to_state_dict(wt.init_weights(4, 5, 2, seed=0), prefix="dwconv")
+    >>> sd["dwconv.wavelet_convs.1.weight"].shape
+    (16, 1, 5, 5)
+    >>> w = wt.weights_from_state_dict(sd, prefix="dwconv")
+    >>> w.channels, w.kernel_size, w.levels
+    (4, 5, 2)
     """
     p = _key_prefix(prefix)
     base_key = f"{p}base_conv.weight"
@@ -305,7 +344,32 @@ def weights_to_state_dict(weights, prefix=""):
         fixed ``P.wt_filter``, ``P.iwt_filter`` ``(4C, 1, 2, 2)`` with entries
         exactly +-0.5 in ``base_weight``'s dtype. Arrays are of the weights'
         library and may share memory with ``weights``.
+
+    Raises
+    ------
+    TypeError
+        ``weights`` is not a :class:`WTConvWeights`.
+
+    See Also
+    --------
+    weights_from_state_dict : the inverse conversion.
+
+    Examples
+    --------
+    >>> import wtconv_cuda as wt
+    >>> sd = wt.weights_to_state_dict(wt.init_weights(4, 5, 1, seed=0), prefix="dwconv")
+    >>> for name, value in sd.items():
+    ...     print(name, value.shape)
+    dwconv.base_conv.weight (4, 1, 5, 5)
+    dwconv.base_conv.bias (4,)
+    dwconv.base_scale.weight (1, 4, 1, 1)
+    dwconv.wavelet_convs.0.weight (16, 1, 5, 5)
+    dwconv.wavelet_scale.0.weight (1, 16, 1, 1)
+    dwconv.wt_filter (16, 1, 2, 2)
+    dwconv.iwt_filter (16, 1, 2, 2)
     """
+    if not isinstance(weights, WTConvWeights):
+        raise TypeError(f"weights must be a WTConvWeights, got {type(weights).__name__}")
     p = _key_prefix(prefix)
     c, k = weights.channels, weights.kernel_size
     state = {f"{p}base_conv.weight": weights.base_weight.reshape(c, 1, k, k)}
