@@ -27,7 +27,8 @@ status=0
 } 2>&1 | tee "$OUT/env.log"
 
 echo "== compile kernel variants"
-python3 -m wtconv_cuda.kernels.warmup --kernel-sizes 1 3 5 7 9 --strides 1 2 --jobs 16 \
+python3 -m wtconv_cuda.kernels.warmup --kernel-sizes 3 5 7 9 --strides 1 2 --jobs 16 \
+  --planes 17x23 56x56 255x257 1x7 28x28 14x14 7x7 256x256 512x512 16x16 \
   --report "$OUT/kernels.json" 2>&1 | tee "$OUT/warmup.log" || status=1
 
 echo "== GPU tests"

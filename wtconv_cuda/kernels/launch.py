@@ -21,9 +21,7 @@ from . import compiler
 from .codegen import FinalizeSpec, PlaneSpec
 from .layout import plane_layout, with_problem
 
-MAX_THREADS = 256
-MIN_THREADS = 64
-STRIP = 4
+MAX_THREADS = 256  # per block; a block holds several planes when they are small
 FINALIZE_THREADS = 128
 
 
@@ -60,23 +58,20 @@ class Tuning(NamedTuple):
     planes_per_block: int | None = None
 
 
-def default_threads(problem: Problem, backward: bool, strip: int) -> int:
-    """Threads per block: enough for the widest phase, a power of two in [64, 256].
+def default_tuning(problem: Problem, backward: bool) -> Tuning:
+    """Launch shape measured best on an H200 for the plane's size.
 
-    A small plane (a 7x7 ConvNeXt stage) has a few dozen work items per phase;
-    a 256-thread block would leave most of its warps idle.
+    ``benchmarks/tune.py`` sweeps these at the ConvNeXt-T stage shapes
+    (56, 28, 14 and 7 pixels): large planes want 128 threads per plane and
+    4 coefficient rows per thread; small ones 32 threads, fewer rows, several
+    planes per block and (forward) a 64-register cap for more resident warps.
     """
-    h, w = problem.height, problem.width
-    h1, w1 = -(-h // 2), -(-w // 2)
-    out_stride = 1 if backward else problem.stride
-    if out_stride in (1, 2):
-        items = -(-h1 // strip) * w1  # strips of `strip` level-1 rows, one column each
-    else:
-        items = -(-h // out_stride) * -(-w // out_stride)
-    threads = MIN_THREADS
-    while threads < items and threads < MAX_THREADS:
-        threads *= 2
-    return threads
+    h1, w1 = -(-problem.height // 2), -(-problem.width // 2)
+    strip = 4 if h1 >= 16 else (2 if h1 >= 6 else 1)
+    area = h1 * w1
+    threads = 128 if area >= 512 else (64 if area >= 128 else 32)
+    max_registers = 64 if (threads <= 64 and not backward) else 0
+    return Tuning(threads, strip, max_registers)
 
 
 class Launch(NamedTuple):
@@ -102,9 +97,10 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
     """
     p = problem
     in_stride, out_stride = (p.stride, 1) if backward else (1, p.stride)
-    strip = tuning.strip or STRIP
-    threads = tuning.threads or default_threads(p, backward, strip)
-    max_registers = tuning.max_registers or 0
+    default = default_tuning(p, backward)
+    strip = tuning.strip or default.strip
+    threads = tuning.threads or default.threads
+    max_registers = default.max_registers if tuning.max_registers is None else tuning.max_registers
     layout = plane_layout(p.height, p.width, p.levels, p.kernel_size, strip, threads,
                           in_stride, out_stride, backward)
     planes = p.batch * p.channels
