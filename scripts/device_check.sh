@@ -26,14 +26,19 @@ status=0
   python3 -c "import numpy, numba, cupy, torch; from importlib.metadata import version as v; print('numpy', numpy.__version__, 'numba', numba.__version__, 'numba-cuda', v('numba-cuda'), 'cupy', cupy.__version__, 'torch', torch.__version__)"
 } 2>&1 | tee "$OUT/env.log"
 
+# Knobs: TEST_KS (kernel sizes of the oracle sweep, default 3,5,7,9), REPORT=1 (load
+# every compiled variant and record registers/local memory: slow, ~1 s per kernel).
+TEST_KS=${TEST_KS:-3,5,7,9}
 echo "== compile kernel variants"
-python3 -m wtconv_cuda.kernels.warmup --kernel-sizes 3 5 7 9 --strides 1 2 --jobs 16 \
-  --planes 17x23 56x56 255x257 1x7 28x28 14x14 7x7 256x256 512x512 16x16 \
-  --report "$OUT/kernels.json" 2>&1 | tee "$OUT/warmup.log" || status=1
+report=(); [ "${REPORT:-0}" = 1 ] && report=(--report "$OUT/kernels.json")
+python3 -m wtconv_cuda.kernels.warmup --kernel-sizes ${TEST_KS//,/ } --strides 1 2 --jobs 16 \
+  --planes 17x23 56x56 255x257 1x7 28x28 14x14 7x7 16x16 "${report[@]}" \
+  2>&1 | tee "$OUT/warmup.log" || status=1
 
-echo "== GPU tests"
+echo "== GPU tests (kernel sizes $TEST_KS)"
 if [ "$MODE" = quick ]; then sel=(-k "float32 and (2, 3, 17, 23)"); else sel=(); fi
-WTCONV_TEST_GPU=1 timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -q -x -n 8 -p no:cacheprovider tests/gpu "${sel[@]}" \
+WTCONV_TEST_GPU=1 WTCONV_TEST_KS=$TEST_KS timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -q -x \
+  -n 8 -p no:cacheprovider -p no:benchmark tests/gpu "${sel[@]}" \
   2>&1 | tee "$OUT/gpu_tests.log" | tail -n 25 || status=1
 
 echo "== benchmark"

@@ -63,15 +63,15 @@ def default_tuning(problem: Problem, backward: bool) -> Tuning:
 
     ``benchmarks/tune.py`` sweeps these at the ConvNeXt-T stage shapes
     (56, 28, 14 and 7 pixels): large planes want 128 threads per plane and
-    4 coefficient rows per thread; small ones 32 threads, fewer rows, several
-    planes per block and (forward) a 64-register cap for more resident warps.
+    4 coefficient rows per thread; small ones 32 threads, fewer rows and
+    several planes per block. A 64-register cap was 10-20% faster on small
+    planes but spills to local memory; it is left off.
     """
     h1, w1 = -(-problem.height // 2), -(-problem.width // 2)
     strip = 4 if h1 >= 16 else (2 if h1 >= 6 else 1)
     area = h1 * w1
     threads = 128 if area >= 512 else (64 if area >= 128 else 32)
-    max_registers = 64 if (threads <= 64 and not backward) else 0
-    return Tuning(threads, strip, max_registers)
+    return Tuning(threads, strip, 0)
 
 
 class Launch(NamedTuple):
@@ -109,7 +109,6 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
     group = tuning.planes_per_block or max(1, MAX_THREADS // threads)
     if not scratch:
         group = max(1, min(group, shared_limit // slot_bytes))
-    group = min(group, planes)
     spec = PlaneSpec(p.kernel_size, p.storage, in_stride, out_stride, backward, scratch,
                      threads, strip, max_registers, group)
     geo = with_problem(layout, p.channels, planes, p.has_bias)
