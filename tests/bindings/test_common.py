@@ -1,0 +1,159 @@
+"""Framework-neutral parts of the bindings: shape checks and the raw-pointer launcher."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from wtconv_cuda.bindings import _common
+from wtconv_cuda.kernels.launch import Problem, Weights, plan_plane, run_backward, run_forward
+
+
+def shapes(c=3, k=5, levels=2, bias=True):
+    return dict(base_weight=(c, k, k), base_bias=(c,) if bias else None, base_scale=(c,),
+                wavelet_weight=(levels, c, 4, k, k), wavelet_scale=(levels, c, 4))
+
+
+def test_check_layer_accepts_and_returns_sizes():
+    sizes = _common.check_layer((2, 3, 9, 7), *shapes().values(), None, 2)
+    assert sizes == (2, 3, 9, 7, 5, 2)
+    assert _common.check_layer((0, 3, 1, 1), *shapes(bias=False).values(), 2, 1).batch == 0
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (dict(x=(2, 3, 9)), ValueError, "4-D"),
+    (dict(x=(2, 3, 0, 7)), ValueError, "non-zero"),
+    (dict(x=(2, 4, 9, 7)), ValueError, "channels"),
+    (dict(base_weight=(3, 4, 4)), ValueError, "odd"),
+    (dict(base_bias=(4,)), ValueError, "base_bias"),
+    (dict(base_scale=(3, 1)), ValueError, "base_scale"),
+    (dict(wavelet_weight=(2, 3, 3, 5, 5)), ValueError, "wavelet_weight"),
+    (dict(wavelet_scale=(1, 3, 4)), ValueError, "wavelet_scale"),
+    (dict(levels=3), ValueError, "levels = 3"),
+    (dict(levels=1.0), TypeError, "levels"),
+    (dict(stride=0), ValueError, "stride"),
+    (dict(stride=2.0), TypeError, "stride"),
+])
+def test_check_layer_errors(change, error, match):
+    args = dict(x=(2, 3, 9, 7), **shapes(), levels=None, stride=1)
+    args.update(change)
+    with pytest.raises(error, match=match):
+        _common.check_layer(args["x"], args["base_weight"], args["base_bias"], args["base_scale"],
+                            args["wavelet_weight"], args["wavelet_scale"], args["levels"],
+                            args["stride"])
+
+
+def test_out_hw():
+    assert _common.out_hw(7, 8, 1) == (7, 8)
+    assert _common.out_hw(7, 8, 2) == (4, 4)
+    assert _common.out_hw(1, 5, 3) == (1, 2)
+
+
+def test_importing_bindings_package_imports_no_framework():
+    code = ("import sys, wtconv_cuda.bindings, wtconv_cuda.bindings._common, "
+            "wtconv_cuda.bindings.cupy;"
+            "heavy = [m for m in ('torch', 'jax', 'cupy', 'numba') if m in sys.modules];"
+            "assert not heavy, heavy")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---------------------------------------------------------------------------
+# PointerLauncher with a recording stand-in for the GPU
+# ---------------------------------------------------------------------------
+
+
+class RecordingKernel:
+    def __init__(self, spec, log):
+        self.spec, self.log = spec, log
+
+    def __call__(self, grid, block, args, shared_mem=0, stream=None):
+        self.log.append(dict(spec=self.spec, grid=grid, block=block, args=args,
+                             shared_mem=shared_mem, stream=stream))
+
+
+class FakeBackend:
+    def __init__(self, shared_limit=48 * 1024, max_slots=4):
+        self.shared_limit, self.max_slots = shared_limit, max_slots
+        self.log = []
+
+    def kernel(self, spec):
+        return RecordingKernel(spec, self.log)
+
+
+class Stream:
+    ptr = 0xABC
+
+
+def make_launcher(backend, allocations, tables):
+    device = _common.DeviceKernels(0, backend=backend)
+
+    def allocate(n):
+        owner = ("buffer", n, len(allocations))
+        allocations.append(owner)
+        return owner, 0x1000 * len(allocations)
+
+    def make_table(values):
+        tables.append(values.copy())
+        return ("table", len(tables)), 0x90000 + len(tables)
+
+    return device, lambda: _common.PointerLauncher(device, Stream(), allocate, make_table)
+
+
+def pointers(*values):
+    return [np.uint64(v) for v in values]
+
+
+@pytest.mark.parametrize("shared_limit", [227 * 1024, 1024])  # shared-memory and scratch variants
+def test_launcher_passes_pointers_stream_and_keeps_buffers(shared_limit):
+    backend = FakeBackend(shared_limit=shared_limit)
+    allocations, tables = [], []
+    device, new = make_launcher(backend, allocations, tables)
+    problem = Problem(2, 3, 33, 31, 5, 2, 2, "float16", True)
+    x, y = pointers(0x10, 0x20)
+    weights = Weights(*pointers(0x30, 0x40, 0x50, 0x60, 0x70))
+
+    launcher = new()
+    run_forward(launcher, problem, x, y, weights)
+    (call,) = backend.log
+    plan = plan_plane(problem, False, shared_limit, backend.max_slots)
+    assert call["stream"].ptr == Stream.ptr
+    assert call["args"][:3] == (x, y, x) and call["args"][3:8] == tuple(weights)
+    assert (call["grid"], call["block"], call["shared_mem"]) == ((plan.grid,), (plan.block,),
+                                                                plan.shared_bytes)
+    assert all(isinstance(a, np.uint64) for a in call["args"])
+    assert len(launcher.keep) == (1 if plan.scratch_floats else 0)
+    assert len(tables) == 1 and np.array_equal(tables[0], plan.geo)
+
+    # A second call reuses the cached table.
+    run_forward(new(), problem, x, y, weights)
+    assert len(tables) == 1
+
+    # Backward: plane kernel then finalize, both on the stream, partials kept alive.
+    backend.log.clear()
+    dx = np.uint64(0x80)
+    grads = Weights(*pointers(0x31, 0x41, 0x51, 0x61, 0x71))
+    launcher = new()
+    run_backward(launcher, problem, x, np.uint64(0x90), dx, weights, grads)
+    plane, finalize = backend.log
+    assert plane["stream"] is finalize["stream"]
+    assert plane["args"][:3] == (np.uint64(0x90), dx, x)
+    partial = plane["args"][8]
+    assert finalize["args"][0] == partial and finalize["args"][6:11] == tuple(grads)
+    assert launcher.keep and launcher.keep[0][1] == problem.batch * problem.channels * \
+        plan_plane(problem, True, shared_limit, backend.max_slots).ntaps
+    assert len(tables) == 3  # backward geometry and the finalize dimensions
+
+
+def test_device_kernels_table_is_created_once_per_value():
+    device = _common.DeviceKernels(0, backend=FakeBackend())
+    made = []
+
+    def make(values):
+        made.append(values)
+        return object(), 1234 + len(made)
+
+    a = device.table(np.array([1, 2, 3], dtype=np.int64), make)
+    b = device.table(np.array([1, 2, 3], dtype=np.int64), make)
+    c = device.table(np.array([1, 2, 4], dtype=np.int64), make)
+    assert a == b == np.uint64(1235) and c == np.uint64(1236) and len(made) == 2

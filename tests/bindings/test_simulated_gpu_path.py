@@ -1,0 +1,204 @@
+"""The bindings' GPU code paths, run on the CPU through numba's CUDA simulator.
+
+The PyTorch and JAX GPU paths hand raw addresses to the kernels. Here the
+same code runs with host tensors/buffers: the launcher maps every address
+back to the array it came from and runs the generated kernels in the
+simulator. This checks, without a GPU, which buffer goes into which kernel
+argument (inputs, outputs, the dummy bias of a bias-free layer, weight
+gradients, work buffers, geometry tables, XLA's extra work results) against
+the float64 oracle. Streams, devices and real memory are covered by
+``tests/gpu/test_bindings_gpu.py``.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+from wtconv_cuda import WTConvWeights, reference
+from wtconv_cuda.bindings import _common
+from wtconv_cuda.kernels.launch import SimulatorBackend
+
+from ..conftest import random_weights
+
+pytestmark = pytest.mark.skipif(os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
+                                reason="needs numba's CUDA simulator")
+
+TOL = {"float32": 2e-6, "float16": 2e-3}
+
+
+class Registry:
+    """Device addresses -> the host arrays behind them."""
+
+    def __init__(self):
+        self.arrays = {}
+        self.allocations = []
+        self.tables = []
+
+    def add(self, array: np.ndarray) -> np.uint64:
+        address = array.ctypes.data if array.size else 0
+        self.arrays[address] = array
+        return np.uint64(address)
+
+    def allocate(self, n):
+        buffer = np.full(n, np.nan, dtype=np.float32)
+        self.allocations.append(n)
+        return buffer, int(self.add(buffer))
+
+    def make_table(self, values):
+        table = np.array(values, dtype=np.int64)
+        self.tables.append(table)
+        return table, int(self.add(table))
+
+
+class NullScope:
+    def __init__(self, device_id):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class FakeStream:
+    ptr = 0
+
+
+@pytest.fixture
+def simulated(monkeypatch):
+    """Route PointerLauncher launches into the simulator; returns the registry."""
+    registry = Registry()
+    backend = SimulatorBackend(max_slots=3)
+    device = _common.DeviceKernels(0, backend=backend)
+
+    def call(self, kernel, grid, block, args, shared_bytes):
+        arrays = [registry.arrays[int(a)] for a in args]
+        backend.call(kernel, grid, block, arrays, shared_bytes)
+
+    monkeypatch.setattr(_common.PointerLauncher, "call", call)
+    monkeypatch.setattr(_common, "device_kernels", lambda device_id: device)
+    monkeypatch.setattr(_common, "stream_handle", lambda device_id, pointer: FakeStream())
+    monkeypatch.setattr(_common, "DeviceScope", NullScope)
+    registry.device = device
+    return registry
+
+
+def rel(got, want):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert np.isfinite(got).all(), "unwritten (NaN) elements"
+    return np.linalg.norm(got - want) / np.linalg.norm(want)
+
+
+CASES = [  # (B, C, H, W), K, L, stride, bias, storage, shared_limit
+    ((2, 2, 9, 7), 3, 2, 1, True, "float32", 227 * 1024),
+    ((1, 2, 6, 5), 3, 2, 2, False, "float32", 227 * 1024),
+    ((3, 2, 7, 9), 3, 1, 1, True, "float32", 0),  # global scratch work buffers
+    ((1, 2, 7, 10), 3, 2, 1, True, "float16", 227 * 1024),
+]
+
+
+@pytest.mark.parametrize("shape,k,levels,stride,bias,storage,shared_limit", CASES)
+def test_torch_gpu_path(simulated, monkeypatch, rng, shape, k, levels, stride, bias, storage,
+                        shared_limit):
+    torch = pytest.importorskip("torch")
+    from wtconv_cuda.bindings import torch as wttorch
+
+    simulated.device.shared_limit = shared_limit
+
+    def launcher(device):
+        return _common.PointerLauncher(simulated.device, FakeStream(), simulated.allocate,
+                                       simulated.make_table)
+
+    def pointer(t):
+        return simulated.add(t.detach().numpy())
+
+    monkeypatch.setattr(wttorch, "_launcher", launcher)
+    monkeypatch.setattr(wttorch, "_ptr", pointer)
+    # CPU tensors take the CUDA implementation.
+    monkeypatch.setitem(wttorch._IMPLS, "cpu", wttorch._IMPLS["cuda"])
+
+    dtype = {"float32": torch.float32, "float16": torch.float16}[storage]
+    w = random_weights(rng, shape[1], k, levels, bias, dtype=np.float32)
+    x = torch.tensor(rng.standard_normal(shape)).to(dtype).requires_grad_()
+    tw = WTConvWeights(*(None if a is None else torch.tensor(a).to(dtype).requires_grad_()
+                         for a in w))
+    y = wttorch.wtconv2d(x, *tw, levels=levels, stride=stride)
+    dy = torch.tensor(rng.standard_normal(y.shape)).to(dtype)
+    y.backward(dy)
+
+    def host(t):
+        return None if t is None else t.detach().double().numpy()
+
+    wr = WTConvWeights(*(host(a) for a in tw))
+    y_ref = reference.forward(host(x), wr, levels, stride)
+    dx_ref, dw_ref = reference.backward(host(x), wr, host(dy), levels, stride)
+    tol = TOL[storage]
+    assert rel(host(y), y_ref) < tol
+    assert rel(host(x.grad), dx_ref) < tol
+    for name, t in tw._asdict().items():
+        if t is not None and t.numel():
+            assert rel(host(t.grad), getattr(dw_ref, name)) < tol, name
+    assert simulated.tables  # geometry uploaded through the framework's table maker
+    if shared_limit == 0:
+        assert len(simulated.allocations) >= 3  # forward scratch; backward partials + scratch
+
+
+def test_torch_module_gpu_path(simulated, monkeypatch, rng):
+    torch = pytest.importorskip("torch")
+    from wtconv_cuda.bindings import torch as wttorch
+
+    monkeypatch.setattr(wttorch, "_launcher", lambda device: _common.PointerLauncher(
+        simulated.device, FakeStream(), simulated.allocate, simulated.make_table))
+    monkeypatch.setattr(wttorch, "_ptr", lambda t: simulated.add(t.detach().numpy()))
+    layer = wttorch.WTConv2d(2, 2, 3, stride=2, wt_levels=2)
+    x = torch.tensor(rng.standard_normal((2, 2, 9, 8)), dtype=torch.float32)
+    expected = layer(x)  # the oracle path
+    monkeypatch.setitem(wttorch._IMPLS, "cpu", wttorch._IMPLS["cuda"])
+    got = layer(x)
+    assert rel(got.detach().numpy(), expected.detach().numpy()) < TOL["float32"]
+    empty = layer(torch.zeros(0, 2, 9, 8))
+    assert empty.shape == (0, 2, 5, 4)
+
+
+@pytest.mark.parametrize("shape,k,levels,stride,bias,storage,shared_limit", CASES[:3])
+def test_jax_gpu_path(simulated, monkeypatch, rng, shape, k, levels, stride, bias, storage,
+                      shared_limit):
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    from wtconv_cuda.bindings import jax as wtjax
+
+    simulated.device.shared_limit = shared_limit
+    monkeypatch.setattr(wtjax, "_is_host", lambda buffer: False)
+    monkeypatch.setattr(wtjax, "_device_id", lambda buffer: 0)
+    monkeypatch.setattr(wtjax, "_stream_of", lambda ctx: 0)
+    monkeypatch.setattr(wtjax, "_address", lambda buffer: simulated.add(np.asarray(buffer)))
+    monkeypatch.setattr(wtjax, "_cupy_table", lambda device_id: simulated.make_table)
+    # Plan XLA's extra work results as on a GPU.
+    monkeypatch.setattr(wtjax, "_gpu_kernels_for_tracing", lambda: simulated.device)
+
+    w = WTConvWeights(*(None if a is None else jnp.asarray(a) for a in
+                        random_weights(rng, shape[1], k, levels, bias, dtype=np.float32)))
+    x = jnp.asarray(rng.standard_normal(shape), jnp.float32)
+
+    def f(x, w):
+        return wtjax.wtconv2d(x, w, levels=levels, stride=stride)
+
+    y, vjp = jax.vjp(jax.jit(f), x, w)
+    dy = jnp.asarray(rng.standard_normal(y.shape), jnp.float32)
+    dx, dw = jax.jit(vjp)(dy)
+    xr = np.asarray(x, np.float64)
+    wr = WTConvWeights(*(None if a is None else np.asarray(a, np.float64) for a in w))
+    assert rel(y, reference.forward(xr, wr, levels, stride)) < TOL[storage]
+    dx_ref, dw_ref = reference.backward(xr, wr, np.asarray(dy, np.float64), levels, stride)
+    assert rel(dx, dx_ref) < TOL[storage]
+    for name in WTConvWeights._fields:
+        want = getattr(dw_ref, name)
+        if want is None:
+            assert getattr(dw, name) is None
+        elif want.size:
+            assert rel(getattr(dw, name), want) < TOL[storage], name
+    # The partials (and scratch) were XLA's extra results: nothing fell back to CuPy.
+    assert not simulated.allocations

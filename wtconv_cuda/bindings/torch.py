@@ -1,0 +1,669 @@
+"""PyTorch binding: the ``WTConv2d`` module, a functional form and two custom ops.
+
+Everything runs through two ``torch.library`` custom ops,
+``torch.ops.wtconv_cuda.wtconv2d_fwd`` and ``torch.ops.wtconv_cuda.wtconv2d_bwd``,
+with fake (meta) implementations and a registered autograd formula, so that
+``torch.compile(fullgraph=True)``, ``torch.export`` and ``torch.library.opcheck``
+see one opaque, shape-propagating op per call.
+
+Devices
+    CUDA tensors run the fused kernels of :mod:`wtconv_cuda.kernels`
+    zero-copy: the kernels receive the tensors' ``data_ptr()`` directly (a
+    non-contiguous tensor is first made contiguous by PyTorch); outputs, weight
+    gradient partials and scratch buffers are allocated with ``torch.empty``
+    (PyTorch's caching allocator, so CUDA graph capture works); every kernel
+    is queued on ``torch.cuda.current_stream(device)`` of the tensors' device
+    (``cuda:N`` runs on device N); nothing on the hot path synchronises with
+    the host. Storage dtypes float32, float16 and bfloat16 (bfloat16 tensors
+    are passed as raw bits); the kernels accumulate in float32 and round once.
+    The kernels are loaded through CuPy, so the GPU path needs ``cupy``.
+    CPU tensors run the float64 oracle :mod:`wtconv_cuda.reference` through
+    NumPy (zero-copy views in, one rounding back to the tensor dtype out);
+    float16, bfloat16, float32 and float64 are accepted.
+
+Dtypes
+    ``x`` and every weight must share one dtype, like ``torch.nn.functional.conv2d``
+    (a float64 CUDA tensor raises :class:`TypeError`: use float32 or the CPU).
+    Under ``torch.autocast`` the functional form and the module cast ``x`` and
+    the weights to the autocast dtype first, exactly like convolutions do
+    (float64 tensors are left alone), so the kernels run in float16 or
+    bfloat16 and the output has the autocast dtype; gradients flow back to the
+    float32 parameters through the casts. Weight gradients are then computed
+    with float32 accumulation and rounded to the autocast dtype before the cast
+    back, as for a convolution under autocast.
+
+First call and CUDA graphs
+    The first call for a new problem size compiles (or loads) the kernel
+    variant and uploads a small geometry table with a host synchronisation.
+    Warm up every shape outside capture before recording a CUDA graph (as
+    ``torch.cuda.graphs`` requires anyway); a first call inside capture raises
+    :class:`RuntimeError`.
+"""
+
+import numbers
+
+import numpy as np
+import torch
+from torch import nn
+
+from .. import reference
+from .._arrays import to_numpy
+from ..weights import (
+    WTConvWeights,
+    haar_filter_tensor,
+    weights_from_state_dict,
+    weights_to_state_dict,
+)
+from . import _common
+
+__all__ = ["WTConv2d", "wtconv2d", "wtconv2d_fwd", "wtconv2d_bwd"]
+
+#: Kernel storage names of the dtypes the GPU path accepts.
+GPU_STORAGE = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+#: Dtypes the CPU path accepts.
+CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+# ---------------------------------------------------------------------------
+# Checks
+# ---------------------------------------------------------------------------
+
+
+def _check_tensors(x, base_weight, base_bias, base_scale, wavelet_weight, wavelet_scale,
+                   stride) -> _common.LayerSizes:
+    """Shapes, dtypes and devices of one op call (works on fake tensors)."""
+    sizes = _common.check_layer(
+        tuple(x.shape), tuple(base_weight.shape),
+        None if base_bias is None else tuple(base_bias.shape), tuple(base_scale.shape),
+        tuple(wavelet_weight.shape), tuple(wavelet_scale.shape), None, stride)
+    named = (("base_weight", base_weight), ("base_bias", base_bias), ("base_scale", base_scale),
+             ("wavelet_weight", wavelet_weight), ("wavelet_scale", wavelet_scale))
+    for name, t in named:
+        if t is None:
+            continue
+        if t.dtype != x.dtype:
+            raise TypeError(
+                f"{name} has dtype {t.dtype} but x has dtype {x.dtype}; they must match "
+                "(use torch.autocast or cast the module)"
+            )
+        if t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+    kind = x.device.type
+    if kind == "cuda" and x.dtype not in GPU_STORAGE:
+        raise TypeError(
+            f"x has dtype {x.dtype}; on CUDA the kernels support float32, float16 and "
+            "bfloat16 (use CPU tensors for float64)"
+        )
+    if kind == "cpu" and x.dtype not in CPU_DTYPES:
+        raise TypeError(f"x has dtype {x.dtype}; expected a floating dtype")
+    if kind not in ("cuda", "cpu", "meta"):
+        raise NotImplementedError(f"wtconv2d has no implementation for {kind} tensors")
+    return sizes
+
+
+# ---------------------------------------------------------------------------
+# CPU path: the float64 oracle
+# ---------------------------------------------------------------------------
+
+
+def _numpy(t):
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        t = t.float()
+    return t.numpy()
+
+
+def _tensor(a: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a)).to(like.dtype)
+
+
+def _cpu_weights(bw, bb, bs, ww, ws) -> WTConvWeights:
+    return WTConvWeights(_numpy(bw), None if bb is None else _numpy(bb), _numpy(bs), _numpy(ww),
+                         _numpy(ws))
+
+
+def _forward_cpu(x, bw, bb, bs, ww, ws, stride, sizes):
+    y = reference.forward(_numpy(x), _cpu_weights(bw, bb, bs, ww, ws), sizes.levels, stride)
+    return _tensor(y, x)
+
+
+def _backward_cpu(dy, x, bw, bb, bs, ww, ws, stride, sizes):
+    dx, dw = reference.backward(_numpy(x), _cpu_weights(bw, bb, bs, ww, ws), _numpy(dy),
+                                sizes.levels, stride)
+    d_bias = bs.new_empty((0,)) if bb is None else _tensor(dw.base_bias, bb)
+    return (_tensor(dx, x), _tensor(dw.base_weight, bw), d_bias, _tensor(dw.base_scale, bs),
+            _tensor(dw.wavelet_weight, ww), _tensor(dw.wavelet_scale, ws))
+
+
+# ---------------------------------------------------------------------------
+# CUDA path: raw pointers into the fused kernels
+# ---------------------------------------------------------------------------
+
+_per_device: dict = {}
+
+
+def _current_stream(index: int) -> int:
+    if _raw_stream is not None:
+        return _raw_stream(index)
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+def _make_table(device: torch.device, values: np.ndarray):
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            "wtconv2d: the first call for this problem size happened during CUDA graph "
+            "capture; it must upload a small table first. Run the layer once with the same "
+            "shapes before capturing (warm-up)."
+        )
+    table = torch.from_numpy(np.array(values, dtype=np.int64)).to(device)
+    torch.cuda.current_stream(device).synchronize()  # the table may next be read on any stream
+    return table, table.data_ptr()
+
+
+def _launcher(device: torch.device) -> _common.PointerLauncher:
+    index = device.index
+    hooks = _per_device.get(index)
+    if hooks is None:
+        def allocate(n, _device=device):
+            buffer = torch.empty(n, dtype=torch.float32, device=_device)
+            return buffer, buffer.data_ptr()
+
+        def make_table(values, _device=device):
+            return _make_table(_device, values)
+
+        hooks = _per_device[index] = (_common.device_kernels(index), allocate, make_table)
+    kernels, allocate, make_table = hooks
+    stream = _common.stream_handle(index, _current_stream(index))
+    return _common.PointerLauncher(kernels, stream, allocate, make_table)
+
+
+def _ptr(t) -> np.uint64:
+    return np.uint64(t.data_ptr())
+
+
+def _problem(x, sizes, stride, has_bias):
+    from ..kernels.launch import Problem
+
+    return Problem(sizes.batch, sizes.channels, sizes.height, sizes.width, sizes.kernel_size,
+                   sizes.levels, stride, GPU_STORAGE[x.dtype], has_bias)
+
+
+def _kernel_weights(bw, bb, bs, ww, ws):
+    from ..kernels.launch import Weights
+
+    return Weights(_ptr(bw), _ptr(bs if bb is None else bb), _ptr(bs), _ptr(ww), _ptr(ws))
+
+
+def _forward_cuda(x, bw, bb, bs, ww, ws, stride, sizes):
+    from ..kernels.launch import run_forward
+
+    ho, wo = _common.out_hw(sizes.height, sizes.width, stride)
+    y = torch.empty((sizes.batch, sizes.channels, ho, wo), dtype=x.dtype, device=x.device)
+    if sizes.batch == 0:
+        return y
+    x, bw, bs, ww, ws = (t.contiguous() for t in (x, bw, bs, ww, ws))
+    bb = None if bb is None else bb.contiguous()
+    launcher = _launcher(x.device)
+    with _common.DeviceScope(x.device.index):
+        run_forward(launcher, _problem(x, sizes, stride, bb is not None), _ptr(x), _ptr(y),
+                    _kernel_weights(bw, bb, bs, ww, ws))
+    return y
+
+
+def _backward_cuda(dy, x, bw, bb, bs, ww, ws, stride, sizes):
+    from ..kernels.launch import run_backward
+
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    grads = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (bw, bs, ww, ws)]
+    d_bias = bs.new_empty((0,)) if bb is None else torch.empty_like(bb, memory_format=torch.contiguous_format)
+    d_bw, d_bs, d_ww, d_ws = grads
+    if sizes.batch == 0:  # an empty batch contributes nothing to the weight gradients
+        for g in (*grads, d_bias):
+            g.zero_()
+        return dx, d_bw, d_bias, d_bs, d_ww, d_ws
+    dy = dy.to(x.dtype).contiguous()
+    x, bw, bs, ww, ws = (t.contiguous() for t in (x, bw, bs, ww, ws))
+    bb = None if bb is None else bb.contiguous()
+    launcher = _launcher(x.device)
+    with _common.DeviceScope(x.device.index):
+        run_backward(launcher, _problem(x, sizes, stride, bb is not None), _ptr(x), _ptr(dy),
+                     _ptr(dx), _kernel_weights(bw, bb, bs, ww, ws),
+                     _kernel_weights(d_bw, None if bb is None else d_bias, d_bs, d_ww, d_ws))
+    return dx, d_bw, d_bias, d_bs, d_ww, d_ws
+
+
+#: Device type -> (forward, backward) implementation of the ops.
+_IMPLS = {"cuda": (_forward_cuda, _backward_cuda), "cpu": (_forward_cpu, _backward_cpu)}
+
+
+# ---------------------------------------------------------------------------
+# Custom ops
+# ---------------------------------------------------------------------------
+
+_FWD_SCHEMA = ("(Tensor x, Tensor base_weight, Tensor? base_bias, Tensor base_scale, "
+               "Tensor wavelet_weight, Tensor wavelet_scale, int stride) -> Tensor")
+_BWD_SCHEMA = ("(Tensor dy, Tensor x, Tensor base_weight, Tensor? base_bias, Tensor base_scale, "
+               "Tensor wavelet_weight, Tensor wavelet_scale, int stride) "
+               "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+
+
+@torch.library.custom_op("wtconv_cuda::wtconv2d_fwd", mutates_args=(), schema=_FWD_SCHEMA)
+def wtconv2d_fwd(x, base_weight, base_bias, base_scale, wavelet_weight, wavelet_scale, stride):
+    """The forward custom op ``torch.ops.wtconv_cuda.wtconv2d_fwd``.
+
+    No autocast casting and no argument defaults: use :func:`wtconv2d` or
+    :class:`WTConv2d` unless you need the raw op.
+
+    Parameters
+    ----------
+    x : torch.Tensor, shape (B, C, H, W)
+    base_weight : torch.Tensor, shape (C, K, K)
+    base_bias : torch.Tensor of shape (C,), or None
+    base_scale : torch.Tensor, shape (C,)
+    wavelet_weight : torch.Tensor, shape (L, C, 4, K, K)
+    wavelet_scale : torch.Tensor, shape (L, C, 4)
+    stride : int
+        Output subsampling factor ``>= 1``.
+
+    All tensors share ``x``'s dtype and device.
+
+    Returns
+    -------
+    torch.Tensor, shape (B, C, ceil(H/stride), ceil(W/stride))
+        A new contiguous tensor of ``x``'s dtype and device.
+
+    Raises
+    ------
+    TypeError
+        Mismatched dtypes, or a dtype the device's path does not support.
+    ValueError
+        Inconsistent shapes, even ``K``, ``stride < 1``, tensors on different
+        devices.
+    RuntimeError
+        The first call for a problem size happens during CUDA graph capture.
+    """
+    sizes = _check_tensors(x, base_weight, base_bias, base_scale, wavelet_weight, wavelet_scale,
+                           stride)
+    forward, _ = _IMPLS[x.device.type]
+    return forward(x, base_weight, base_bias, base_scale, wavelet_weight, wavelet_scale, stride,
+                   sizes)
+
+
+@torch.library.custom_op("wtconv_cuda::wtconv2d_bwd", mutates_args=(), schema=_BWD_SCHEMA)
+def wtconv2d_bwd(dy, x, base_weight, base_bias, base_scale, wavelet_weight, wavelet_scale,
+                 stride):
+    """The backward custom op ``torch.ops.wtconv_cuda.wtconv2d_bwd``.
+
+    Parameters
+    ----------
+    dy : torch.Tensor, shape (B, C, ceil(H/stride), ceil(W/stride))
+        Gradient of the forward output.
+    x, base_weight, base_bias, base_scale, wavelet_weight, wavelet_scale, stride
+        The forward call's arguments, as for :func:`wtconv2d_fwd`.
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        ``(dx, d_base_weight, d_base_bias, d_base_scale, d_wavelet_weight,
+        d_wavelet_scale)``, each shaped and typed like its input;
+        ``d_base_bias`` has shape ``(0,)`` when ``base_bias`` is None.
+
+    Raises
+    ------
+    TypeError, ValueError, RuntimeError
+        As for :func:`wtconv2d_fwd`; ``ValueError`` also for a ``dy`` of the
+        wrong shape.
+    """
+    sizes = _check_tensors(x, base_weight, base_bias, base_scale, wavelet_weight, wavelet_scale,
+                           stride)
+    _check_dy(dy, x, sizes, stride)
+    _, backward = _IMPLS[x.device.type]
+    return backward(dy, x, base_weight, base_bias, base_scale, wavelet_weight, wavelet_scale,
+                    stride, sizes)
+
+
+def _check_dy(dy, x, sizes, stride):
+    ho, wo = _common.out_hw(sizes.height, sizes.width, stride)
+    expected = (sizes.batch, sizes.channels, ho, wo)
+    if tuple(dy.shape) != expected:
+        raise ValueError(f"dy must have the output's shape {expected}, got {tuple(dy.shape)}")
+    if dy.device != x.device:
+        raise ValueError(f"dy is on {dy.device} but x is on {x.device}")
+
+
+@wtconv2d_fwd.register_fake
+def _wtconv2d_fwd_fake(x, base_weight, base_bias, base_scale, wavelet_weight, wavelet_scale,
+                       stride):
+    sizes = _check_tensors(x, base_weight, base_bias, base_scale, wavelet_weight, wavelet_scale,
+                           stride)
+    ho, wo = _common.out_hw(sizes.height, sizes.width, stride)
+    return x.new_empty((sizes.batch, sizes.channels, ho, wo))
+
+
+@wtconv2d_bwd.register_fake
+def _wtconv2d_bwd_fake(dy, x, base_weight, base_bias, base_scale, wavelet_weight, wavelet_scale,
+                       stride):
+    sizes = _check_tensors(x, base_weight, base_bias, base_scale, wavelet_weight, wavelet_scale,
+                           stride)
+    _check_dy(dy, x, sizes, stride)
+    d_bias = base_scale.new_empty((0,)) if base_bias is None else base_bias.new_empty(
+        base_bias.shape)
+    return (x.new_empty(x.shape), base_weight.new_empty(base_weight.shape), d_bias,
+            base_scale.new_empty(base_scale.shape), wavelet_weight.new_empty(wavelet_weight.shape),
+            wavelet_scale.new_empty(wavelet_scale.shape))
+
+
+def _setup_context(ctx, inputs, output):
+    x, base_weight, base_bias, base_scale, wavelet_weight, wavelet_scale, stride = inputs
+    ctx.save_for_backward(x, base_weight, base_bias, base_scale, wavelet_weight, wavelet_scale)
+    ctx.stride = stride
+
+
+def _backward(ctx, dy):
+    x, base_weight, base_bias, base_scale, wavelet_weight, wavelet_scale = ctx.saved_tensors
+    dx, d_bw, d_bb, d_bs, d_ww, d_ws = wtconv2d_bwd(
+        dy, x, base_weight, base_bias, base_scale, wavelet_weight, wavelet_scale, ctx.stride)
+    return dx, d_bw, (None if base_bias is None else d_bb), d_bs, d_ww, d_ws, None
+
+
+wtconv2d_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------------------
+# Functional form
+# ---------------------------------------------------------------------------
+
+
+def _autocast(tensors, device_type):
+    if not torch.is_autocast_enabled(device_type):
+        return tensors
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(
+        t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64
+        else t
+        for t in tensors
+    )
+
+
+def wtconv2d(x, base_weight, base_bias, base_scale, wavelet_weight, wavelet_scale, levels=None,
+             stride=1):
+    """Apply the WTConv operator of SPEC.md (differentiable in every tensor argument).
+
+    Weights use the :class:`~wtconv_cuda.WTConvWeights` layouts (not the
+    published 4-D layouts; :class:`WTConv2d` converts those with free views).
+
+    Parameters
+    ----------
+    x : torch.Tensor, shape (B, C, H, W)
+        float32, float16 or bfloat16 on CUDA; also float64 on the CPU.
+    base_weight : torch.Tensor, shape (C, K, K)
+        Depthwise kernel of the base path, odd ``K``.
+    base_bias : torch.Tensor of shape (C,), or None
+    base_scale : torch.Tensor, shape (C,)
+    wavelet_weight : torch.Tensor, shape (L, C, 4, K, K)
+        ``wavelet_weight[j - 1, c, k]``: level ``j``, channel ``c``, subband
+        ``k`` (LL, LH, HL, HH).
+    wavelet_scale : torch.Tensor, shape (L, C, 4)
+    levels : int or None, default None
+        ``None`` takes ``L`` from ``wavelet_weight``; an int must equal it.
+    stride : int, default 1
+        Output subsampling factor ``s >= 1``.
+
+    Returns
+    -------
+    torch.Tensor, shape (B, C, ceil(H/s), ceil(W/s))
+        ``x``'s dtype, or the autocast dtype inside an autocast region.
+
+    Raises
+    ------
+    TypeError
+        Mismatched or unsupported dtypes; ``levels``/``stride`` not an int.
+    ValueError
+        Inconsistent shapes, even ``K``, ``levels`` not matching the weights,
+        ``stride < 1``, tensors on different devices.
+    """
+    _common.check_layer(
+        tuple(x.shape), tuple(base_weight.shape),
+        None if base_bias is None else tuple(base_bias.shape), tuple(base_scale.shape),
+        tuple(wavelet_weight.shape), tuple(wavelet_scale.shape), levels, stride)
+    tensors = _autocast((x, base_weight, base_bias, base_scale, wavelet_weight, wavelet_scale),
+                        x.device.type)
+    return wtconv2d_fwd(*tensors, int(stride))
+
+
+# ---------------------------------------------------------------------------
+# The module
+# ---------------------------------------------------------------------------
+
+
+def _require_int(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+class _ScaleModule(nn.Module):
+    """A learned per-channel scale in the published layout (``weight`` of shape ``dims``).
+
+    Parameters
+    ----------
+    dims : tuple of int
+        Shape of ``weight``, ``(1, N, 1, 1)``.
+    init_scale : float
+        Initial value of every entry.
+    device, dtype : optional
+        Factory arguments of the parameter.
+    """
+
+    def __init__(self, dims, init_scale, device=None, dtype=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.full(dims, float(init_scale), device=device,
+                                              dtype=dtype))
+
+    def forward(self, x):
+        """``x * weight`` (broadcast over ``(B, N, H, W)``)."""
+        return x * self.weight
+
+
+class WTConv2d(nn.Module):
+    """The WTConv layer (Finder et al., ECCV 2024) with the published constructor and names.
+
+    Parameters are held in the published layer's shapes and names, so its
+    checkpoints load with ``strict=True`` and parameter counts match:
+    ``base_conv.weight (C, 1, K, K)``, ``base_conv.bias (C,)`` (if ``bias``),
+    ``base_scale.weight (1, C, 1, 1)`` (init 1.0), and for each level ``i``
+    ``wavelet_convs.{i}.weight (4C, 1, K, K)`` and ``wavelet_scale.{i}.weight
+    (1, 4C, 1, 1)`` (init 0.1); convolution weights and the bias use
+    ``nn.Conv2d``'s default initialisation. The fixed Haar filters
+    ``wt_filter`` and ``iwt_filter`` ``(4C, 1, 2, 2)`` (and ``stride_filter
+    (C, 1, 1, 1)`` when ``stride > 1``) are persistent buffers: they are in the
+    state dict, are checked to be the Haar filters on load, are not
+    parameters, and are not used by the computation (the kernels apply the
+    exact Haar transform). Total parameters: ``C*K*K + C (bias) + C +
+    L*(4C*K*K + 4C)``.
+
+    ``base_conv`` and ``wavelet_convs`` are ``nn.Conv2d`` modules used only as
+    parameter containers.
+
+    Parameters
+    ----------
+    in_channels : int
+        ``C``.
+    out_channels : int
+        Must equal ``in_channels`` (the layer is depthwise).
+    kernel_size : int, default 5
+        Odd ``K``.
+    stride : int, default 1
+        Output subsampling factor.
+    bias : bool, default True
+        Whether the base path has a bias.
+    wt_levels : int, default 1
+        Wavelet levels ``L >= 0``.
+    wt_type : str, default 'db1'
+        ``'db1'`` (or its PyWavelets alias ``'haar'``); other wavelets raise.
+    device, dtype : optional
+        Factory arguments of the parameters and buffers.
+
+    Raises
+    ------
+    TypeError
+        A size is not an int.
+    ValueError
+        ``in_channels != out_channels``, an unsupported wavelet, an even or
+        non-positive kernel size, ``stride < 1`` or ``wt_levels < 0``.
+
+    Notes
+    -----
+    ``forward(x)`` takes ``x`` of shape ``(B, C, H, W)`` and returns ``(B, C,
+    ceil(H/stride), ceil(W/stride))``; see :func:`wtconv2d` for dtypes,
+    devices and autocast.
+    """
+
+    def __init__(self, in_channels, out_channels, kernel_size=5, stride=1, bias=True, wt_levels=1,
+                 wt_type="db1", *, device=None, dtype=None):
+        super().__init__()
+        c = _require_int("in_channels", in_channels, 1)
+        _require_int("out_channels", out_channels, 1)
+        if out_channels != in_channels:
+            raise ValueError(
+                f"WTConv2d is depthwise: out_channels ({out_channels}) must equal in_channels "
+                f"({in_channels})"
+            )
+        k = _require_int("kernel_size", kernel_size, 1)
+        if k % 2 == 0:
+            raise ValueError(f"kernel_size must be odd, got {k}")
+        s = _require_int("stride", stride, 1)
+        levels = _require_int("wt_levels", wt_levels, 0)
+        if wt_type not in _common.WAVELETS:
+            raise ValueError(
+                f"wt_type {wt_type!r} is not supported: only the Haar wavelet ('db1', alias "
+                "'haar') is implemented"
+            )
+        factory = {"device": device, "dtype": dtype}
+        self.in_channels = self.out_channels = c
+        self.kernel_size = k
+        self.stride = s
+        self.wt_levels = levels
+        self.wt_type = wt_type
+
+        self.base_conv = nn.Conv2d(c, c, k, padding="same", stride=1, dilation=1, groups=c,
+                                   bias=bool(bias), **factory)
+        self.base_scale = _ScaleModule((1, c, 1, 1), 1.0, **factory)
+        self.wavelet_convs = nn.ModuleList(
+            nn.Conv2d(4 * c, 4 * c, k, padding="same", stride=1, dilation=1, groups=4 * c,
+                      bias=False, **factory)
+            for _ in range(levels)
+        )
+        self.wavelet_scale = nn.ModuleList(
+            _ScaleModule((1, 4 * c, 1, 1), 0.1, **factory) for _ in range(levels)
+        )
+        filters = torch.as_tensor(haar_filter_tensor(c), dtype=dtype or torch.get_default_dtype(),
+                                  device=device)
+        self.register_buffer("wt_filter", filters.clone())
+        self.register_buffer("iwt_filter", filters.clone())
+        if s > 1:
+            self.register_buffer("stride_filter", torch.ones(c, 1, 1, 1, **factory))
+
+    def extra_repr(self):
+        """Constructor arguments, for ``repr``."""
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+                f"stride={self.stride}, bias={self.base_conv.bias is not None}, "
+                f"wt_levels={self.wt_levels}, wt_type={self.wt_type!r}")
+
+    def kernel_weights(self):
+        """The parameters as views in the :class:`~wtconv_cuda.WTConvWeights` layouts.
+
+        Returns
+        -------
+        WTConvWeights
+            ``base_weight (C, K, K)``, ``base_bias (C,)`` or None,
+            ``base_scale (C,)``, ``wavelet_weight (L, C, 4, K, K)`` (a stacked
+            copy, differentiable) and ``wavelet_scale (L, C, 4)``; tensors that
+            carry autograd history to the parameters.
+        """
+        c, k = self.in_channels, self.kernel_size
+        base = self.base_conv.weight
+        if self.wt_levels:
+            wavelet_weight = torch.stack([m.weight.reshape(c, 4, k, k) for m in self.wavelet_convs])
+            wavelet_scale = torch.stack([m.weight.reshape(c, 4) for m in self.wavelet_scale])
+        else:
+            wavelet_weight = base.new_zeros((0, c, 4, k, k))
+            wavelet_scale = base.new_zeros((0, c, 4))
+        return WTConvWeights(base.reshape(c, k, k), self.base_conv.bias,
+                             self.base_scale.weight.reshape(c), wavelet_weight, wavelet_scale)
+
+    def forward(self, x):
+        """Apply the layer.
+
+        Parameters
+        ----------
+        x : torch.Tensor, shape (B, C, H, W)
+
+        Returns
+        -------
+        torch.Tensor, shape (B, C, ceil(H/stride), ceil(W/stride))
+        """
+        w = self.kernel_weights()
+        return wtconv2d(x, *w, levels=self.wt_levels, stride=self.stride)
+
+    def to_weights(self):
+        """Detached copies of the parameters as a :class:`~wtconv_cuda.WTConvWeights`.
+
+        Returns
+        -------
+        WTConvWeights
+            Tensors on the module's device and dtype (read through
+            :func:`wtconv_cuda.weights_from_state_dict`).
+        """
+        state = {k: v.detach().clone() for k, v in self.state_dict().items()}
+        return weights_from_state_dict(state)
+
+    @classmethod
+    def from_weights(cls, weights, stride=1, *, device=None, dtype=None):
+        """Build a layer holding ``weights``.
+
+        Parameters
+        ----------
+        weights : WTConvWeights
+            Arrays of any supported library (NumPy, PyTorch, ...).
+        stride : int, default 1
+            The layer's stride.
+        device, dtype : optional
+            Of the new layer (default: PyTorch's defaults).
+
+        Returns
+        -------
+        WTConv2d
+        """
+        c, k, levels = weights.channels, weights.kernel_size, weights.levels
+        layer = cls(c, c, k, stride=stride, bias=weights.base_bias is not None, wt_levels=levels,
+                    device=device, dtype=dtype)
+        state = {name: value if torch.is_tensor(value) else torch.as_tensor(to_numpy(value))
+                 for name, value in weights_to_state_dict(weights).items()}
+        if layer.stride > 1:
+            state["stride_filter"] = torch.ones(c, 1, 1, 1)
+        layer.load_state_dict(state, strict=True)
+        return layer
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        from ..weights import _check_fixed_filter
+
+        c = self.in_channels
+        expected = {"wt_filter": haar_filter_tensor(c), "iwt_filter": haar_filter_tensor(c)}
+        if self.stride > 1:
+            expected["stride_filter"] = np.ones((c, 1, 1, 1))
+        for name, values in expected.items():
+            key = prefix + name
+            if key in state_dict and tuple(state_dict[key].shape) == values.shape:
+                try:
+                    _check_fixed_filter(key, state_dict[key], values)
+                except ValueError as exc:
+                    error_msgs.append(str(exc))
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+
