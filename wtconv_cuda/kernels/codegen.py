@@ -173,7 +173,6 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
         raise ValueError(f"kernel_size must be odd and >= 1, got {K}")
     if spec.storage not in STORAGE:
         raise ValueError(f"storage must be one of {STORAGE}, got {spec.storage!r}")
-    R = (K - 1) // 2
     SI = spec.in_stride
     e = _Emitter()
 
@@ -484,7 +483,6 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
     """
     K, T = spec.kernel_size, spec.threads
     R, K2 = (K - 1) // 2, K * K
-    ld = lambda x: _load(spec.storage, x)  # noqa: E731
     chunks_cap = max(1, T // K)
     e("# ---- weight gradients: x pyramid into region B, then correlations ----",
       f"for i in range(tid, a_len, {T}):",

@@ -47,7 +47,7 @@ def cache_dir() -> Path:
 
 
 def _storage_type(storage: str):
-    from ._numba_compat import cuda  # noqa: F401  (shim before numba types)
+    from . import _numba_compat  # noqa: F401  (the NumPy shim must precede numba)
     from numba import types
     return {"float32": types.float32, "float16": types.float16,
             "bfloat16": types.uint16}[storage]
