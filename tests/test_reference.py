@@ -312,3 +312,25 @@ def test_every_gradient_matches_central_differences(rng, bias, levels, k):
             np.abs(grad).sum(),
             f"{name} direction",
         )
+
+
+ZEROS = np.zeros((1, 2, 4, 4))
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: R.haar_analysis(np.zeros(5)), r"\(\.\.\., H, W\)"),
+        (lambda: R.haar_analysis(np.zeros((2, 0))), r"H, W >= 1"),
+        (lambda: R.analysis_chain(np.zeros((4, 4)), -1), "levels must be >= 0"),
+        (lambda: R.depthwise_conv_same(np.zeros((2, 3, 4)), np.zeros((3, 3, 3))), "B, C, H, W"),
+        (lambda: R.depthwise_conv_same(np.zeros((1, 3, 4, 4)), np.zeros((3, 2, 2))), "K odd"),
+        (lambda: R.depthwise_conv_same(np.zeros((1, 3, 4, 4)), np.zeros((2, 3, 3))), "channels"),
+        (lambda: R.depthwise_conv_same_adjoint(np.zeros((1, 3, 4, 4)), np.zeros((3, 3, 4))), "K"),
+        (lambda: R.depthwise_conv_same_weight_grad(ZEROS, np.zeros((1, 2, 4)), 3), "share one"),
+        (lambda: R.depthwise_conv_same_weight_grad(ZEROS, ZEROS, 2), "odd"),
+    ],
+)
+def test_building_blocks_reject_malformed_inputs(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

@@ -40,6 +40,20 @@ def _f64(a) -> np.ndarray:
     return np.asarray(a, dtype=np.float64)
 
 
+def _require_plane(name: str, v: np.ndarray) -> None:
+    if v.ndim < 2 or 0 in v.shape[-2:]:
+        raise ValueError(f"{name} must have shape (..., H, W) with H, W >= 1, got {v.shape}")
+
+
+def _check_conv(x: np.ndarray, w: np.ndarray) -> None:
+    if x.ndim != 4:
+        raise ValueError(f"x must have shape (B, C, H, W), got {x.shape}")
+    if w.ndim != 3 or w.shape[1] != w.shape[2] or w.shape[1] % 2 == 0:
+        raise ValueError(f"w must have shape (C, K, K) with K odd, got {w.shape}")
+    if w.shape[0] != x.shape[1]:
+        raise ValueError(f"w has {w.shape[0]} channels but x has {x.shape[1]}")
+
+
 # ---------------------------------------------------------------------------
 # Haar transform
 # ---------------------------------------------------------------------------
@@ -60,8 +74,14 @@ def haar_analysis(v):
     -------
     numpy.ndarray, shape (..., 4, ceil(H/2), ceil(W/2)), float64
         Subbands in the order LL, LH, HL, HH.
+
+    Raises
+    ------
+    ValueError
+        ``v`` has fewer than two axes, or ``H`` or ``W`` is zero.
     """
     v = _f64(v)
+    _require_plane("v", v)
     h, w = v.shape[-2:]
     if h % 2 or w % 2:
         v = np.pad(v, [(0, 0)] * (v.ndim - 2) + [(0, h % 2), (0, w % 2)])
@@ -118,7 +138,15 @@ def analysis_chain(v, levels):
         ``L`` float64 arrays; entry ``j - 1`` has shape ``(..., 4, H_j,
         W_j)`` with ``H_j = ceil(H_{j-1} / 2)``, and its subband 0 (LL) is
         the input of level ``j + 1``.
+
+    Raises
+    ------
+    ValueError
+        ``levels < 0``; ``v`` is not ``(..., H, W)`` with ``H, W >= 1``.
     """
+    if levels < 0:
+        raise ValueError(f"levels must be >= 0, got {levels}")
+    _require_plane("v", _f64(v))
     subbands = []
     for _ in range(levels):
         u = haar_analysis(v)
@@ -146,6 +174,12 @@ def synthesis_chain(zs, out_hw):
     numpy.ndarray, shape (..., H, W), float64
         ``r_1``; zeros of shape ``out_hw`` (no leading axes) when ``zs`` is
         empty.
+
+    Raises
+    ------
+    ValueError
+        An entry of ``zs`` has no subband axis of length 4, or its grid is not
+        the halving of the previous level's grid (see :func:`haar_synthesis`).
     """
     if not zs:
         return np.zeros(tuple(out_hw))
@@ -230,14 +264,22 @@ def depthwise_conv_same(x, w):
     Parameters
     ----------
     x : array_like, shape (B, C, H, W)
+        Real values of any dtype.
     w : array_like, shape (C, K, K)
         One kernel per channel, ``K`` odd (may exceed ``H`` or ``W``).
 
     Returns
     -------
     numpy.ndarray, shape (B, C, H, W), float64
+
+    Raises
+    ------
+    ValueError
+        ``x`` not 4-D, ``w`` not ``(C, K, K)`` with odd ``K``, or channel
+        counts that differ.
     """
     x, w = _f64(x), _f64(w)
+    _check_conv(x, w)
     k = w.shape[-1]
     h, wd = x.shape[-2:]
     xp = _pad_same(x, k)
@@ -258,11 +300,17 @@ def depthwise_conv_same_adjoint(g, w):
     g : array_like, shape (B, C, H, W)
         Gradient of the convolution's output.
     w : array_like, shape (C, K, K)
+        The convolution's kernels, ``K`` odd.
 
     Returns
     -------
     numpy.ndarray, shape (B, C, H, W), float64
         ``dx`` with ``<depthwise_conv_same(x, w), g> == <x, dx>``.
+
+    Raises
+    ------
+    ValueError
+        As for :func:`depthwise_conv_same`.
     """
     return depthwise_conv_same(g, _f64(w)[:, ::-1, ::-1])
 
@@ -284,9 +332,19 @@ def depthwise_conv_same_weight_grad(x, g, kernel_size):
     Returns
     -------
     numpy.ndarray, shape (C, K, K), float64
+
+    Raises
+    ------
+    ValueError
+        ``x`` not 4-D, ``g`` not of ``x``'s shape, or ``kernel_size`` not a
+        positive odd number.
     """
     x, g = _f64(x), _f64(g)
     k = kernel_size
+    if x.ndim != 4 or g.shape != x.shape:
+        raise ValueError(f"x and g must share one (B, C, H, W) shape, got {x.shape}, {g.shape}")
+    if k < 1 or k % 2 == 0:
+        raise ValueError(f"kernel_size must be odd and >= 1, got {k}")
     h, wd = x.shape[-2:]
     xp = _pad_same(x, k)
     dw = np.zeros((x.shape[1], k, k))

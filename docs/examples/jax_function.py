@@ -1,4 +1,4 @@
-# docs-example: not-executed (planned API: wtconv_cuda.bindings.jax is being written; needs JAX with CUDA)
+# docs-example: not-executed (needs JAX with CUDA)
 
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,4 @@
-# docs-example: not-executed (planned API: wtconv_cuda.bindings.torch is being written; needs PyTorch and a CUDA GPU)
+# docs-example: not-executed (needs PyTorch and a CUDA GPU)
 
 import torch
 
