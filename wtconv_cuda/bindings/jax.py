@@ -22,11 +22,15 @@ Mechanisms
     ``eager_mechanism() == "dlpack"``) exchange the arrays with CuPy through
     DLPack (zero-copy) and run :func:`wtconv_cuda.forward` /
     :func:`wtconv_cuda.backward` on JAX's stream for external work
-    (``Device.get_stream_for_external_ready_events()``); outputs come from
-    CuPy's pool and are handed to JAX through DLPack. The DLPack stream
-    handshake orders everything with JAX's work; no host synchronisation.
+    (``Device.get_stream_for_external_ready_events()``, the stream JAX uses
+    for DLPack hand-offs); outputs come from CuPy's pool on that stream and
+    are handed to JAX through DLPack. The DLPack stream handshake orders
+    everything with JAX's work, without host synchronisation; the inputs are
+    held until an event recorded after the kernels has passed, since JAX
+    would otherwise recycle a dropped input's memory in its own stream order.
     ``set_eager_mechanism("callback")`` routes eager calls through the
-    callback as well.
+    callback as well (then XLA allocates the outputs and the kernels run on
+    XLA's compute stream).
 
     On the CPU, both mechanisms run the float64 oracle
     :mod:`wtconv_cuda.reference` on the host buffers (through the callback)
@@ -38,6 +42,7 @@ path also needs CuPy.
 
 from __future__ import annotations
 
+import collections
 import functools
 
 import numpy as np
@@ -460,6 +465,35 @@ def _to_cupy(w: WTConvWeights) -> WTConvWeights:
     return WTConvWeights(*(None if a is None else cupy.from_dlpack(a) for a in w))
 
 
+class _KeepAlive:
+    """Keeps a call's JAX inputs alive until the kernels that read them have run.
+
+    JAX frees a buffer in the order of its own compute stream; it does not
+    know that our stream still reads an array exported through DLPack. So
+    each DLPack call records an event on its stream and holds its inputs until
+    that event has passed; finished entries are dropped on later calls (an
+    event query, no synchronisation).
+    """
+
+    def __init__(self):
+        self._pending = collections.deque()
+
+    def hold(self, stream, arrays) -> None:
+        import cupy
+
+        event = cupy.cuda.Event(block=False, disable_timing=True)
+        event.record(stream)
+        self._pending.append((event, arrays))
+        while self._pending and self._pending[0][0].done:
+            self._pending.popleft()
+
+    def __len__(self):
+        return len(self._pending)
+
+
+_keep_alive = _KeepAlive()
+
+
 def _forward_dlpack(x, w, levels, stride):
     import cupy
 
@@ -468,6 +502,7 @@ def _forward_dlpack(x, w, levels, stride):
     index, stream = _jax_stream(x)
     with cupy.cuda.Device(index), stream:
         y = api.forward(cupy.from_dlpack(x), _to_cupy(w), levels, stride)
+        _keep_alive.hold(stream, (x, w))
         return jax.dlpack.from_dlpack(y)
 
 
@@ -480,5 +515,6 @@ def _backward_dlpack(x, w, dy, levels, stride):
     with cupy.cuda.Device(index), stream:
         saved = api.Saved(cupy.from_dlpack(x), _to_cupy(w), levels, stride)
         dx, dw = api.backward(saved, cupy.from_dlpack(dy))
+        _keep_alive.hold(stream, (x, w, dy))
         return (jax.dlpack.from_dlpack(dx),
                 WTConvWeights(*(None if g is None else jax.dlpack.from_dlpack(g) for g in dw)))
