@@ -90,11 +90,16 @@ def check_layer(x_shape, base_weight, base_bias, base_scale, wavelet_weight, wav
     ----------
     x_shape : sequence of int
         Shape of the input, expected ``(B, C, H, W)`` with ``H, W >= 1``.
-    base_weight, base_scale, wavelet_weight, wavelet_scale : sequence of int
-        Shapes, expected ``(C, K, K)``, ``(C,)``, ``(L, C, 4, K, K)`` and
-        ``(L, C, 4)`` with an odd ``K``.
+    base_weight : sequence of int
+        Expected ``(C, K, K)`` with an odd ``K``.
     base_bias : sequence of int or None
         Shape ``(C,)``, or ``None`` for a layer without bias.
+    base_scale : sequence of int
+        Expected ``(C,)``.
+    wavelet_weight : sequence of int
+        Expected ``(L, C, 4, K, K)``.
+    wavelet_scale : sequence of int
+        Expected ``(L, C, 4)``.
     levels : int or None
         ``None`` takes ``L`` from ``wavelet_weight``; an int must equal it.
     stride : int
@@ -103,6 +108,7 @@ def check_layer(x_shape, base_weight, base_bias, base_scale, wavelet_weight, wav
     Returns
     -------
     LayerSizes
+        The sizes of the call, ``levels`` resolved.
 
     Raises
     ------
@@ -244,6 +250,7 @@ def device_kernels(device_id: int) -> DeviceKernels:
     Returns
     -------
     DeviceKernels
+        Shared by all callers for that device.
     """
     state = _devices.get(device_id)
     if state is None:
@@ -274,6 +281,7 @@ def stream_handle(device_id: int, pointer: int):
     Returns
     -------
     cupy.cuda.ExternalStream
+        A handle on ``pointer``; the same object for the same arguments.
     """
     key = (device_id, pointer)
     stream = _streams.get(key)

@@ -47,7 +47,7 @@ def forward(x, w, levels=None, stride=1, tape=None):
     Parameters
     ----------
     x : cupy.ndarray, shape (B, C, H, W)
-        float32 or float16 (the dtypes of :func:`wtconv_cuda.forward`).
+        Input: float32 or float16 (the dtypes of :func:`wtconv_cuda.forward`).
     w : WTConvWeights
         CuPy arrays of ``x``'s dtype on ``x``'s device.
     levels : int or None, default None
@@ -87,6 +87,7 @@ def backward(saved, dy):
     Returns
     -------
     dx : cupy.ndarray, shape (B, C, H, W)
+        Gradient of ``x``.
     dw : WTConvWeights
         CuPy gradients in the weights' layouts; ``base_bias`` is None for a
         layer without bias.
@@ -130,7 +131,9 @@ def forward_dlpack(x, w, levels=None, stride=1):
         DLPack producers (may differ from ``x``'s library) of ``x``'s dtype,
         on ``x``'s device.
     levels : int or None, default None
+        ``None`` takes ``L`` from the weights; an int must equal it.
     stride : int, default 1
+        Output subsampling factor ``s >= 1``.
 
     Returns
     -------
@@ -165,11 +168,14 @@ def backward_dlpack(x, w, dy, levels=None, stride=1):
     dy : object with ``__dlpack__``, shape (B, C, ceil(H/s), ceil(W/s))
         Gradient of the output.
     levels : int or None, default None
+        ``None`` takes ``L`` from the weights; an int must equal it.
     stride : int, default 1
+        Output subsampling factor ``s >= 1``.
 
     Returns
     -------
     dx : cupy.ndarray, shape (B, C, H, W)
+        Gradient of ``x``.
     dw : WTConvWeights
         CuPy gradients; ``base_bias`` is None for a layer without bias.
 

@@ -141,7 +141,7 @@ def wtconv2d(x, w, levels=None, stride=1):
     Parameters
     ----------
     x : jax.Array, shape (B, C, H, W)
-        float32, float16 or bfloat16 (also float64 on the CPU).
+        Input: float32, float16 or bfloat16 (also float64 on the CPU).
     w : WTConvWeights
         JAX arrays of ``x``'s dtype: ``base_weight (C, K, K)``, ``base_bias
         (C,)`` or None, ``base_scale (C,)``, ``wavelet_weight (L, C, 4, K,
@@ -275,12 +275,15 @@ def _scratch_sizes(x, w, levels, stride, backward) -> tuple:
     kernels = _gpu_kernels_for_tracing()
     if kernels is None:
         return ()
-    from ..kernels.launch import Problem, plan_plane
+    from ..kernels import launch as kernel_launch
 
     b, c, h, width = x.shape
-    problem = Problem(b, c, h, width, w.kernel_size, levels, stride, GPU_STORAGE[dtype],
-                      w.base_bias is not None)
-    launch = plan_plane(problem, backward, kernels.shared_limit, kernels.max_slots)
+    problem = kernel_launch.Problem(b, c, h, width, w.kernel_size, levels, stride,
+                                    GPU_STORAGE[dtype], w.base_bias is not None)
+    work_buffers = getattr(kernel_launch, "work_buffers", None)
+    if work_buffers is not None:  # the launcher's own statement, where it provides one
+        return tuple(work_buffers(problem, backward, kernels.shared_limit, kernels.max_slots))
+    launch = kernel_launch.plan_plane(problem, backward, kernels.shared_limit, kernels.max_slots)
     sizes = []
     if backward:
         sizes.append(b * c * launch.ntaps)

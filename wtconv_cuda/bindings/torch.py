@@ -259,11 +259,17 @@ def wtconv2d_fwd(x, base_weight, base_bias, base_scale, wavelet_weight, wavelet_
     Parameters
     ----------
     x : torch.Tensor, shape (B, C, H, W)
+        Input.
     base_weight : torch.Tensor, shape (C, K, K)
+        Base kernel (odd ``K``).
     base_bias : torch.Tensor of shape (C,), or None
+        Base bias.
     base_scale : torch.Tensor, shape (C,)
+        Base scale.
     wavelet_weight : torch.Tensor, shape (L, C, 4, K, K)
+        Level kernels.
     wavelet_scale : torch.Tensor, shape (L, C, 4)
+        Level scales.
     stride : int
         Output subsampling factor ``>= 1``.
 
@@ -397,15 +403,18 @@ def wtconv2d(x, base_weight, base_bias, base_scale, wavelet_weight, wavelet_scal
     Parameters
     ----------
     x : torch.Tensor, shape (B, C, H, W)
-        float32, float16 or bfloat16 on CUDA; also float64 on the CPU.
+        Input: float32, float16 or bfloat16 on CUDA; also float64 on the CPU.
     base_weight : torch.Tensor, shape (C, K, K)
         Depthwise kernel of the base path, odd ``K``.
     base_bias : torch.Tensor of shape (C,), or None
+        Bias of the base path (scaled by ``base_scale``), or None.
     base_scale : torch.Tensor, shape (C,)
+        Per-channel scale of the base path.
     wavelet_weight : torch.Tensor, shape (L, C, 4, K, K)
         ``wavelet_weight[j - 1, c, k]``: level ``j``, channel ``c``, subband
         ``k`` (LL, LH, HL, HH).
     wavelet_scale : torch.Tensor, shape (L, C, 4)
+        Per-subband scale of each level.
     levels : int or None, default None
         ``None`` takes ``L`` from ``wavelet_weight``; an int must equal it.
     stride : int, default 1
@@ -602,10 +611,12 @@ class WTConv2d(nn.Module):
         Parameters
         ----------
         x : torch.Tensor, shape (B, C, H, W)
+            Input with ``C == in_channels``, on the parameters' device.
 
         Returns
         -------
         torch.Tensor, shape (B, C, ceil(H/stride), ceil(W/stride))
+            The layer's output (``x``'s dtype, or the autocast dtype).
         """
         w = self.kernel_weights()
         return wtconv2d(x, *w, levels=self.wt_levels, stride=self.stride)
