@@ -39,6 +39,9 @@ def test_every_variant_compiles_without_local_arrays(tmp_path):
 
 
 def test_large_kernel_compiles(tmp_path):
+    from wtconv_cuda.kernels.warmup import variants
     compile_variants(tmp_path, "--kernel-sizes", "15", "--storage", "float32",
                      "--strides", "1", "--planes", "9x7")
-    assert len(list(tmp_path.glob("*.ptx"))) == 3
+    expected = len(variants([15], ["float32"], [1], [(9, 7)]))
+    assert expected >= 3  # forward, backward, finalize at least
+    assert len(list(tmp_path.glob("*.ptx"))) == expected

@@ -95,3 +95,31 @@ def test_global_scratch_path(rng, stride):
 def test_deep_levels_on_tiny_plane(rng):
     """Levels past a 1x1 grid are valid (as in the published layer)."""
     assert_close(run_layer(rng, (1, 1, 3, 2), 4, 3, 1), DTYPES["float32"][1])
+
+
+class _RecordingBackend(SimulatorBackend):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.requests = []
+
+    def float32(self, n):
+        self.requests.append(n)
+        return super().float32(n)
+
+
+@pytest.mark.parametrize("shared_limit", [227 * 1024, 0])
+def test_work_buffers_match_requests(rng, shared_limit):
+    """Bindings size their buffers with work_buffers(); it must match what runs ask for."""
+    from wtconv_cuda.kernels.launch import work_buffers
+    shape, levels, k = (2, 2, 7, 9), 2, 3
+    backend = _RecordingBackend(shared_limit=shared_limit)
+    problem = Problem(*shape, k, levels, 1, "float32", True)
+    x = rng.standard_normal(shape).astype(np.float32)
+    wts = random_weights(rng, 2, k, levels, dtype=np.float32)
+    weights = Weights(*wts)
+    run_forward(backend, problem, x, np.empty_like(x), weights)
+    assert tuple(backend.requests) == work_buffers(problem, False, shared_limit, backend.max_slots)
+    backend.requests.clear()
+    grads = Weights(*(np.empty_like(a) for a in weights))
+    run_backward(backend, problem, x, x.copy(), np.empty_like(x), weights, grads)
+    assert tuple(backend.requests) == work_buffers(problem, True, shared_limit, backend.max_slots)

@@ -13,6 +13,7 @@ C-contiguous and already in the storage dtype; validation is the caller's job.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
@@ -86,6 +87,7 @@ class Launch(NamedTuple):
     ntaps: int
 
 
+@lru_cache(maxsize=1024)
 def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: int,
                tuning: Tuning = Tuning()) -> Launch:
     """Choose the kernel variant and launch shape for one plane pass.
@@ -108,10 +110,13 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
     scratch = slot_bytes > shared_limit
     group = tuning.planes_per_block or max(1, MAX_THREADS // threads)
     if not scratch:
-        group = max(1, min(group, shared_limit // slot_bytes))
+        fits = max(1, shared_limit // slot_bytes)
+        while group > fits:  # halve, keeping the group a power of two (fewer variants)
+            group //= 2
     spec = PlaneSpec(p.kernel_size, p.storage, in_stride, out_stride, backward, scratch,
                      threads, strip, max_registers, group)
     geo = with_problem(layout, p.channels, planes, p.has_bias)
+    geo.setflags(write=False)  # shared by every call through the plan cache
     blocks = -(-planes // group)
     if scratch:
         blocks = max(1, min(blocks, max_slots // group))
@@ -145,6 +150,9 @@ class CupyBackend:
         table = self._tables.get(key)
         if table is None:
             table = self._cupy.asarray(values)
+            # Cached tables are read later from whatever stream is current:
+            # finish the upload once, here, instead of ordering every use.
+            self._cupy.cuda.get_current_stream().synchronize()
             self._tables[key] = table
         return table
 
@@ -173,6 +181,22 @@ class SimulatorBackend:
 
     def float32(self, n: int):
         return np.full(max(n, 1), np.nan, dtype=np.float32)
+
+
+def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots: int,
+                 tuning: Tuning = Tuning()) -> tuple[int, ...]:
+    """float32 sizes that :func:`run_forward` / :func:`run_backward` request.
+
+    In request order from ``backend.float32``: the per-plane weight-gradient
+    partials (backward only), then the global scratch (planes too large for
+    shared memory only). Bindings that allocate through their framework use
+    this to size buffers ahead of the call.
+    """
+    launch = plan_plane(problem, backward, shared_limit, max_slots, tuning)
+    sizes = [problem.batch * problem.channels * launch.ntaps] if backward else []
+    if launch.scratch_floats:
+        sizes.append(launch.scratch_floats)
+    return tuple(sizes)
 
 
 def run_forward(backend, problem: Problem, x, y, weights: Weights,
