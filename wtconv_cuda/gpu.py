@@ -85,6 +85,14 @@ def forward(x, w: WTConvWeights, levels: int, stride: int):
     Returns
     -------
     cupy.ndarray, shape (B, C, ceil(H/stride), ceil(W/stride)), x's dtype
+        The layer output, on ``x``'s device.
+
+    Raises
+    ------
+    TypeError
+        ``x`` has an unsupported dtype, float64 included (see :func:`storage_of`).
+    wtconv_cuda.kernels.compiler.CompileError
+        The kernel variant could not be compiled or loaded on ``x``'s device.
     """
     import cupy
 
@@ -104,18 +112,32 @@ def backward(x, w: WTConvWeights, dy, levels: int, stride: int):
 
     Parameters
     ----------
-    x : cupy.ndarray, shape (B, C, H, W)
+    x : cupy.ndarray, shape (B, C, H, W), float32, float16 or bfloat16
+        The forward input. Non-contiguous ``x`` and ``dy`` are copied to
+        contiguous buffers first.
     w : WTConvWeights
+        CuPy arrays of ``x``'s dtype.
     dy : cupy.ndarray, shape (B, C, ceil(H/stride), ceil(W/stride)), x's dtype
+        Gradient of the forward output.
     levels, stride : int
+        As in :func:`forward`.
 
     Returns
     -------
     dx : cupy.ndarray, shape (B, C, H, W), x's dtype
+        Gradient of ``x``.
     dw : WTConvWeights
         Gradients in the weights' layouts and dtype; ``base_bias`` is ``None``
         for a layer without bias. Weight gradients are summed over the batch
         in a fixed order: two calls on the same inputs agree bit for bit.
+
+    Raises
+    ------
+    TypeError
+        ``x`` has an unsupported dtype, float64 included (see :func:`storage_of`).
+    wtconv_cuda.kernels.compiler.CompileError
+        A kernel variant (plane pass or finalize) could not be compiled or
+        loaded on ``x``'s device.
     """
     import cupy
 

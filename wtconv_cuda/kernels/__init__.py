@@ -4,5 +4,10 @@
 * :mod:`.codegen` generates the kernels as unrolled scalar code;
 * :mod:`.compiler` compiles them to PTX (cached on disk) and loads them;
 * :mod:`.launch` plans launches and issues them on a GPU (CuPy) or on the
-  CUDA simulator.
+  CUDA simulator;
+* :mod:`.warmup` compiles kernel variants ahead of use into the on-disk cache
+  (``python -m wtconv_cuda.kernels.warmup``).
+
+``_numba_compat`` is internal: every module imports numba-cuda through it, so
+that a NumPy shim is in place before numba-cuda loads.
 """

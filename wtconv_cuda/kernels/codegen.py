@@ -10,11 +10,14 @@ the CUDA simulator, which is how CI tests it.
 Two kernels are generated:
 
 ``wtconv_plane``
-    One block per ``(b, c)`` plane. Loads the plane, builds the Haar pyramid on
-    chip, convolves every subband, runs the closed-form synthesis and the base
-    convolution and writes the output. With ``backward=True`` it runs the same
-    pipeline on ``dy`` with flipped taps (that is ``dx``), then loads ``x`` and
-    correlates both pyramids into per-plane weight-gradient partial sums.
+    A block runs ``planes_per_block`` ``(b, c)`` planes side by side, one
+    thread group and one buffer slot each (see :func:`plane_kernel_source`);
+    blocks step through the planes until all are done. For each plane it loads
+    the plane, builds the Haar pyramid on chip, convolves every subband, runs
+    the closed-form synthesis and the base convolution and writes the output.
+    With ``backward=True`` it runs the same pipeline on ``dy`` with flipped
+    taps (that is ``dx``), then loads ``x`` and correlates both pyramids into
+    per-plane weight-gradient partial sums.
 ``wtconv_finalize``
     One block per channel: sums the per-plane partials over the batch in a fixed
     order (deterministic) and unfolds them into the gradients of the published
@@ -70,7 +73,18 @@ class PlaneSpec(NamedTuple):
 
 
 class FinalizeSpec(NamedTuple):
-    """Compile-time parameters of one ``wtconv_finalize`` variant."""
+    """Compile-time parameters of one ``wtconv_finalize`` variant.
+
+    Attributes
+    ----------
+    kernel_size : int
+        Odd ``K``.
+    storage : str
+        ``"float32"``, ``"float16"`` or ``"bfloat16"`` (raw ``uint16`` bits):
+        dtype of the weights read and of the gradients written.
+    threads : int
+        Threads per block (one block per channel).
+    """
 
     kernel_size: int
     storage: str
@@ -167,7 +181,34 @@ FOLD_UNROLL = 4
 
 
 def plane_kernel_source(spec: PlaneSpec) -> str:
-    """Python source of ``wtconv_plane`` for ``spec``."""
+    """Python source of ``wtconv_plane`` for ``spec``.
+
+    The kernel takes ``(src, out, xsrc, w0, b0, s0, ww, ws, part, scratch,
+    geo)`` (see :func:`wtconv_cuda.kernels.compiler.plane_signature`). A block
+    of ``spec.threads * spec.planes_per_block`` threads runs
+    ``planes_per_block`` planes side by side: thread group ``g`` (``threads``
+    threads) owns buffer slot ``g`` of the block, in dynamic shared memory or,
+    with ``spec.scratch``, in ``scratch``. Blocks loop over the planes with a
+    stride of ``gridDim.x * planes_per_block``, so a grid smaller than the
+    plane count (persistent blocks) covers them all.
+
+    Parameters
+    ----------
+    spec : PlaneSpec
+        The variant to generate.
+
+    Returns
+    -------
+    str
+        Source of a function ``wtconv_plane``, to be turned into a function by
+        :func:`build`.
+
+    Raises
+    ------
+    ValueError
+        ``spec.kernel_size`` is even or smaller than 1, or ``spec.storage`` is
+        not one of `STORAGE`.
+    """
     K, T, G = spec.kernel_size, spec.threads, spec.planes_per_block
     if K < 1 or K % 2 == 0:
         raise ValueError(f"kernel_size must be odd and >= 1, got {K}")
@@ -603,9 +644,23 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
 def finalize_kernel_source(spec: FinalizeSpec) -> str:
     """Python source of ``wtconv_finalize`` for ``spec``.
 
-    ``dims`` holds ``(B, C, L, has_bias)``. Partials are summed over the batch
-    in index order; level taps carry the two Haar factors 1/2 (one from each
-    pyramid), applied here exactly.
+    The kernel takes ``(part, w0, b0, s0, ww, ws, gw0, gb0, gs0, gww, gws,
+    dims)`` (see :func:`wtconv_cuda.kernels.compiler.finalize_signature`) and
+    runs one block per channel, with ``4 * ntaps`` bytes of dynamic shared
+    memory. ``dims`` holds ``(B, C, L, has_bias)``. Partials are summed over
+    the batch in index order; level taps carry the two Haar factors 1/2 (one
+    from each pyramid), applied here exactly.
+
+    Parameters
+    ----------
+    spec : FinalizeSpec
+        The variant to generate. Its fields are not validated here.
+
+    Returns
+    -------
+    str
+        Source of a function ``wtconv_finalize``, to be turned into a function
+        by :func:`build`.
     """
     K, T = spec.kernel_size, spec.threads
     K2 = K * K
@@ -683,7 +738,25 @@ def _unsigned_indices(source: str, arrays=("S", "G")) -> str:
 
 
 def build(source: str, name: str):
-    """Execute generated ``source`` and return the Python function ``name``."""
+    """Execute generated ``source`` and return the Python function ``name``.
+
+    Every index of the on-chip buffers is first made unsigned (see
+    ``_unsigned_indices``); the source runs in a namespace holding ``np``,
+    ``cuda``, the numba scalar types it uses and, if referenced, ``libdevice``.
+
+    Parameters
+    ----------
+    source : str
+        Output of :func:`plane_kernel_source` or :func:`finalize_kernel_source`.
+    name : str
+        Function to return: ``"wtconv_plane"`` or ``"wtconv_finalize"``.
+
+    Returns
+    -------
+    function
+        The plain Python function, ready for ``numba.cuda.jit`` or
+        ``numba.cuda.compile_ptx``.
+    """
     import numpy as np
 
     from ._numba_compat import cuda

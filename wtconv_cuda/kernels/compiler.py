@@ -34,12 +34,27 @@ class CompileError(RuntimeError):
 
 
 def simulator_enabled() -> bool:
-    """Whether numba runs kernels in its CUDA simulator."""
+    """Whether numba runs kernels in its CUDA simulator.
+
+    Returns
+    -------
+    bool
+        ``True`` when ``NUMBA_ENABLE_CUDASIM`` is ``"1"`` in the environment
+        (it takes effect only if set before numba is imported).
+    """
     return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
 
 
 def cache_dir() -> Path:
-    """Folder of cached PTX (``$WTCONV_CUDA_CACHE`` or ``~/.cache/wtconv_cuda``)."""
+    """Folder of cached PTX (``$WTCONV_CUDA_CACHE`` or ``~/.cache/wtconv_cuda``).
+
+    Returns
+    -------
+    pathlib.Path
+        ``$WTCONV_CUDA_CACHE`` if set and non-empty, else
+        ``$XDG_CACHE_HOME/wtconv_cuda`` (``~/.cache/wtconv_cuda`` when
+        ``XDG_CACHE_HOME`` is unset). The folder is not created here.
+    """
     root = os.environ.get("WTCONV_CUDA_CACHE")
     if root:
         return Path(root)
@@ -54,7 +69,24 @@ def _storage_type(storage: str):
 
 
 def plane_signature(storage: str) -> tuple:
-    """Argument types of ``wtconv_plane`` (all raw pointers)."""
+    """Argument types of ``wtconv_plane`` (all raw pointers).
+
+    Parameters
+    ----------
+    storage : str
+        ``"float32"``, ``"float16"`` or ``"bfloat16"`` (passed as ``uint16``).
+
+    Returns
+    -------
+    tuple of numba types
+        Pointers to the storage type for ``src, out, xsrc, w0, b0, s0, ww,
+        ws``, to float32 for ``part, scratch`` and to int64 for ``geo``.
+
+    Raises
+    ------
+    KeyError
+        ``storage`` is not one of the three names above.
+    """
     from numba import types
     st = types.CPointer(_storage_type(storage))
     f32 = types.CPointer(types.float32)
@@ -64,7 +96,25 @@ def plane_signature(storage: str) -> tuple:
 
 
 def finalize_signature(storage: str) -> tuple:
-    """Argument types of ``wtconv_finalize`` (all raw pointers)."""
+    """Argument types of ``wtconv_finalize`` (all raw pointers).
+
+    Parameters
+    ----------
+    storage : str
+        ``"float32"``, ``"float16"`` or ``"bfloat16"`` (passed as ``uint16``).
+
+    Returns
+    -------
+    tuple of numba types
+        A float32 pointer for ``part``, ten pointers to the storage type for
+        the five weights and the five gradients, and an int64 pointer for
+        ``dims``.
+
+    Raises
+    ------
+    KeyError
+        ``storage`` is not one of the three names above.
+    """
     from numba import types
     st = types.CPointer(_storage_type(storage))
     #       part                            w0..ws (5)  grads (5)  dims
@@ -82,10 +132,35 @@ def _source_for(spec) -> tuple[str, str, tuple]:
 def compile_ptx(spec, cc: tuple[int, int] = (9, 0)) -> tuple[str, str]:
     """Compile ``spec`` to PTX for compute capability ``cc``.
 
+    The entry gets a ``.maxntid`` directive (the block size: ``threads``,
+    times ``planes_per_block`` for a plane kernel) and, when the spec's
+    ``max_registers`` is non-zero, a ``.maxnreg`` one. Nothing is cached here
+    (see :func:`cached_ptx`).
+
+    Parameters
+    ----------
+    spec : PlaneSpec or FinalizeSpec
+        The kernel variant.
+    cc : tuple of int, optional
+        Target ``(major, minor)``; default ``(9, 0)`` (Hopper).
+
     Returns
     -------
-    (ptx, entry) : tuple of str
-        The PTX text and the mangled name of its kernel entry.
+    ptx : str
+        The PTX text.
+    entry : str
+        The mangled name of its kernel entry.
+
+    Raises
+    ------
+    CompileError
+        numba could not compile the generated source, or the PTX has no
+        kernel entry.
+    TypeError
+        ``spec`` is neither a `PlaneSpec` nor a `FinalizeSpec`.
+    ValueError
+        A `PlaneSpec` with an even kernel size or an unknown storage (see
+        :func:`wtconv_cuda.kernels.codegen.plane_kernel_source`).
     """
     from ._numba_compat import cuda
     source, name, signature = _source_for(spec)
@@ -139,7 +214,31 @@ def _cache_key(spec, cc) -> str:
 
 
 def cached_ptx(spec, cc: tuple[int, int]) -> tuple[Path, str]:
-    """Path of ``spec``'s PTX for ``cc`` (compiled and written on first use) and its entry."""
+    """Path of ``spec``'s PTX for ``cc`` (compiled and written on first use) and its entry.
+
+    The cache key hashes the ABI version, the spec, the generated source, the
+    signature, ``cc`` and the numba and numba-cuda versions. Files are written
+    atomically, so concurrent processes may share the folder.
+
+    Parameters
+    ----------
+    spec : PlaneSpec or FinalizeSpec
+        The kernel variant.
+    cc : tuple of int
+        Target ``(major, minor)``.
+
+    Returns
+    -------
+    path : pathlib.Path
+        The ``.ptx`` file in :func:`cache_dir`.
+    entry : str
+        The mangled name of its kernel entry.
+
+    Raises
+    ------
+    CompileError
+        The PTX was not cached and compiling it failed (see :func:`compile_ptx`).
+    """
     folder = cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
     key = _cache_key(spec, cc)
@@ -158,7 +257,29 @@ def cached_ptx(spec, cc: tuple[int, int]) -> tuple[Path, str]:
 
 
 def gpu_kernel(spec, device_id: int):
-    """A CuPy ``RawKernel`` for ``spec`` on device ``device_id`` (cached per process)."""
+    """A CuPy ``RawKernel`` for ``spec`` on device ``device_id`` (cached per process).
+
+    The PTX comes from :func:`cached_ptx` for the device's compute capability.
+    The kernel may use all the device's opt-in dynamic shared memory (less its
+    static shared memory).
+
+    Parameters
+    ----------
+    spec : PlaneSpec or FinalizeSpec
+        The kernel variant.
+    device_id : int
+        CUDA device ordinal.
+
+    Returns
+    -------
+    cupy.RawKernel
+        The loaded kernel; launch it with raw pointers and integers.
+
+    Raises
+    ------
+    CompileError
+        The variant could not be compiled, or CuPy could not load it.
+    """
     key = ("gpu", spec, device_id)
     kernel = _loaded.get(key)
     if kernel is not None:
@@ -181,7 +302,25 @@ def gpu_kernel(spec, device_id: int):
 
 
 def sim_kernel(spec):
-    """A simulator-dispatched kernel for ``spec`` (requires ``NUMBA_ENABLE_CUDASIM=1``)."""
+    """A simulator-dispatched kernel for ``spec`` (requires ``NUMBA_ENABLE_CUDASIM=1``).
+
+    Parameters
+    ----------
+    spec : PlaneSpec or FinalizeSpec
+        The kernel variant.
+
+    Returns
+    -------
+    numba.cuda dispatcher
+        The generated function wrapped with ``cuda.jit`` (cached per process);
+        launch it as ``kernel[grid, block, 0, shared_bytes](*arrays)`` on
+        NumPy arrays.
+
+    Raises
+    ------
+    RuntimeError
+        The simulator is not enabled (:func:`simulator_enabled` is false).
+    """
     if not simulator_enabled():
         raise RuntimeError("sim_kernel needs NUMBA_ENABLE_CUDASIM=1 set before numba is imported")
     key = ("sim", spec)

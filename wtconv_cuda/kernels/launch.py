@@ -27,7 +27,24 @@ FINALIZE_THREADS = 128
 
 
 class Problem(NamedTuple):
-    """Sizes and options of one layer call (forward or backward)."""
+    """Sizes and options of one layer call (forward or backward).
+
+    Attributes
+    ----------
+    batch, channels, height, width : int
+        ``B, C, H, W`` of the input ``x``.
+    kernel_size : int
+        Odd ``K`` of every convolution.
+    levels : int
+        Wavelet levels ``L >= 0``.
+    stride : int
+        Output subsampling factor.
+    storage : str
+        ``"float32"``, ``"float16"`` or ``"bfloat16"``: dtype of the data and
+        parameter arrays (the work buffers are float32).
+    has_bias : bool
+        Whether the layer has a base bias.
+    """
 
     batch: int
     channels: int
@@ -41,7 +58,27 @@ class Problem(NamedTuple):
 
 
 class Weights(NamedTuple):
-    """Backend arrays of the five parameters; ``base_bias`` may be a dummy."""
+    """Backend arrays of the five parameters; ``base_bias`` may be a dummy.
+
+    All arrays are C-contiguous, in the storage dtype, on the backend (CuPy
+    arrays on the GPU, NumPy arrays in the simulator). As a gradient output,
+    each is written in the same shape.
+
+    Attributes
+    ----------
+    base_weight : array, shape (C, K, K)
+        Depthwise base-convolution taps.
+    base_bias : array, shape (C,)
+        Base bias. Without a bias (``Problem.has_bias`` false) any array of
+        the storage dtype (e.g. ``base_scale``): it is neither read nor
+        written.
+    base_scale : array, shape (C,)
+        Per-channel scale of the base branch.
+    wavelet_weight : array, shape (L, C, 4, K, K)
+        Depthwise taps of every level's four subbands.
+    wavelet_scale : array, shape (L, C, 4)
+        Per-subband scale of every level.
+    """
 
     base_weight: object
     base_bias: object
@@ -51,7 +88,21 @@ class Weights(NamedTuple):
 
 
 class Tuning(NamedTuple):
-    """Launch-shape overrides (``None`` picks the default)."""
+    """Launch-shape overrides (``None`` picks the default).
+
+    Attributes
+    ----------
+    threads : int or None
+        Threads per plane (one thread group of a block).
+    strip : int or None
+        Coefficient rows per thread (``Q``).
+    max_registers : int or None
+        Register cap handed to ptxas; 0 leaves it free.
+    planes_per_block : int or None
+        Planes a block runs side by side. The default is
+        ``MAX_THREADS // threads``; with shared memory it is halved until the
+        planes' buffers fit.
+    """
 
     threads: int | None = None
     strip: int | None = None
@@ -67,6 +118,19 @@ def default_tuning(problem: Problem, backward: bool) -> Tuning:
     4 coefficient rows per thread; small ones 32 threads, fewer rows and
     several planes per block. A 64-register cap was 10-20% faster on small
     planes but spills to local memory; it is left off.
+
+    Parameters
+    ----------
+    problem : Problem
+        Only ``height`` and ``width`` are used.
+    backward : bool
+        The pass being planned (both passes currently get the same shape).
+
+    Returns
+    -------
+    Tuning
+        ``threads`` and ``strip`` from the level-1 grid size, ``max_registers``
+        0; ``planes_per_block`` is ``None`` (:func:`plan_plane` picks it).
     """
     h1, w1 = -(-problem.height // 2), -(-problem.width // 2)
     strip = 4 if h1 >= 16 else (2 if h1 >= 6 else 1)
@@ -76,7 +140,27 @@ def default_tuning(problem: Problem, backward: bool) -> Tuning:
 
 
 class Launch(NamedTuple):
-    """Everything needed to issue one ``wtconv_plane`` launch."""
+    """Everything needed to issue one ``wtconv_plane`` launch.
+
+    Attributes
+    ----------
+    spec : PlaneSpec
+        The kernel variant.
+    grid : int
+        Blocks in the (one-dimensional) grid.
+    block : int
+        Threads per block: ``spec.threads * spec.planes_per_block``.
+    shared_bytes : int
+        Dynamic shared memory per block (0 for a scratch variant).
+    scratch_floats : int
+        float32 elements of global scratch (0 for a shared-memory variant).
+    geo : numpy.ndarray, int64
+        The layout table with the problem header filled in; read-only (the
+        plan is cached).
+    ntaps : int
+        Weight-gradient entries per plane (see
+        :class:`wtconv_cuda.kernels.layout.PlaneLayout`).
+    """
 
     spec: PlaneSpec
     grid: int
@@ -93,9 +177,32 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
     """Choose the kernel variant and launch shape for one plane pass.
 
     The working set goes to shared memory when one plane's buffer fits in
-    ``shared_limit`` bytes (one block per plane); otherwise to global scratch,
-    one slot per block, with ``max_slots`` persistent blocks looping over
-    planes.
+    ``shared_limit`` bytes. A block then runs ``planes_per_block`` planes side
+    by side, one thread group and one buffer slot each: by default
+    ``MAX_THREADS // threads`` planes (8, 4 or 2 at the default 32, 64 or 128
+    threads), halved until their slots fit in ``shared_limit``; the grid
+    covers every plane. Otherwise the slots are in global scratch and the grid
+    is at most ``max_slots // planes_per_block`` persistent blocks (at least
+    one), which loop over the planes. Plans are cached (``lru_cache``).
+
+    Parameters
+    ----------
+    problem : Problem
+        The layer call.
+    backward : bool
+        Plan the backward pass (input upsampled by ``stride``) instead of the
+        forward one (output subsampled by ``stride``).
+    shared_limit : int
+        Bytes of dynamic shared memory a block may use.
+    max_slots : int
+        Most global-scratch slots (planes in flight) of a scratch launch.
+    tuning : Tuning, optional
+        Launch-shape overrides; unset fields come from :func:`default_tuning`.
+
+    Returns
+    -------
+    Launch
+        Shared by every call with the same arguments: do not modify it.
     """
     p = problem
     in_stride, out_stride = (p.stride, 1) if backward else (1, p.stride)
@@ -126,7 +233,15 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
 
 
 class CupyBackend:
-    """Launches on the current CuPy device and stream."""
+    """Launches on the current CuPy device and stream.
+
+    Parameters
+    ----------
+    device_id : int, optional
+        Device the kernels are loaded for and whose limits are planned with
+        (default: CuPy's current device). Callers make it current around the
+        calls.
+    """
 
     simulate = False
 
@@ -140,12 +255,57 @@ class CupyBackend:
         self._tables: dict = {}
 
     def kernel(self, spec):
+        """The loaded kernel of ``spec`` on this backend's device.
+
+        Parameters
+        ----------
+        spec : PlaneSpec or FinalizeSpec
+            The kernel variant.
+
+        Returns
+        -------
+        cupy.RawKernel
+            See :func:`wtconv_cuda.kernels.compiler.gpu_kernel` (which raises
+            `CompileError` when the variant cannot be compiled or loaded).
+        """
         return compiler.gpu_kernel(spec, self.device_id)
 
     def call(self, kernel, grid, block, args, shared_bytes):
+        """Launch ``kernel`` on a 1-D grid on the current stream (asynchronous).
+
+        Parameters
+        ----------
+        kernel : cupy.RawKernel
+            From :meth:`kernel`.
+        grid, block : int
+            Blocks in the grid and threads per block.
+        args : tuple
+            The kernel's arguments (CuPy arrays are passed as pointers).
+        shared_bytes : int
+            Dynamic shared memory per block.
+
+        Returns
+        -------
+        None
+            The launch is queued; nothing waits for it.
+        """
         kernel((grid,), (block,), args, shared_mem=shared_bytes)
 
     def table(self, values: np.ndarray):
+        """Device copy of a small constant table, cached by content.
+
+        Parameters
+        ----------
+        values : numpy.ndarray, 1-D, int64
+            Table contents (a ``geo`` table or the finalize ``dims``).
+
+        Returns
+        -------
+        cupy.ndarray
+            A copy with ``values``' shape and dtype, kept for the backend's
+            lifetime and shared by every call with the same contents; the
+            upload has finished when it is returned. Do not write to it.
+        """
         key = values.tobytes()
         table = self._tables.get(key)
         if table is None:
@@ -157,11 +317,34 @@ class CupyBackend:
         return table
 
     def float32(self, n: int):
+        """An uninitialised float32 work buffer from CuPy's memory pool.
+
+        Parameters
+        ----------
+        n : int
+            Elements needed.
+
+        Returns
+        -------
+        cupy.ndarray, shape (max(n, 1),), float32
+            On the current device; at least one element, so that it always
+            has a valid pointer.
+        """
         return self._cupy.empty(max(n, 1), dtype=self._cupy.float32)
 
 
 class SimulatorBackend:
-    """Runs the generated kernels in numba's CUDA simulator on NumPy arrays."""
+    """Runs the generated kernels in numba's CUDA simulator on NumPy arrays.
+
+    Parameters
+    ----------
+    shared_limit : int, optional
+        Dynamic shared memory per block to plan with, in bytes (default: an
+        H100/H200's 227 KiB).
+    max_slots : int, optional
+        Global-scratch slots of a scratch launch (small, so tests exercise
+        persistent blocks).
+    """
 
     simulate = True
 
@@ -170,16 +353,72 @@ class SimulatorBackend:
         self.max_slots = max_slots
 
     def kernel(self, spec):
+        """The simulator kernel of ``spec``.
+
+        Parameters
+        ----------
+        spec : PlaneSpec or FinalizeSpec
+            The kernel variant.
+
+        Returns
+        -------
+        numba.cuda dispatcher
+            See :func:`wtconv_cuda.kernels.compiler.sim_kernel` (which raises
+            `RuntimeError` unless ``NUMBA_ENABLE_CUDASIM=1``).
+        """
         return compiler.sim_kernel(spec)
 
     def call(self, kernel, grid, block, args, shared_bytes):
+        """Run ``kernel`` in the simulator on a 1-D grid (synchronous).
+
+        Parameters
+        ----------
+        kernel : numba.cuda dispatcher
+            From :meth:`kernel`.
+        grid, block : int
+            Blocks in the grid and threads per block.
+        args : tuple
+            The kernel's arguments; NumPy arrays are passed flattened to 1-D
+            (the kernels index them as raw pointers).
+        shared_bytes : int
+            Dynamic shared memory per block.
+
+        Returns
+        -------
+        None
+            The kernel has run when the call returns.
+        """
         flat = [a.reshape(-1) if isinstance(a, np.ndarray) else a for a in args]
         kernel[grid, block, 0, shared_bytes](*flat)
 
     def table(self, values: np.ndarray):
+        """An int64 copy of a small constant table.
+
+        Parameters
+        ----------
+        values : numpy.ndarray, 1-D
+            Table contents.
+
+        Returns
+        -------
+        numpy.ndarray, values' shape, int64
+            A fresh copy for each call.
+        """
         return np.array(values, dtype=np.int64)
 
     def float32(self, n: int):
+        """A float32 work buffer filled with NaN (reads of unwritten elements show up).
+
+        Parameters
+        ----------
+        n : int
+            Elements needed.
+
+        Returns
+        -------
+        numpy.ndarray, shape (max(n, 1),), float32
+            At least one element, like the GPU backend's buffers.
+        """
         return np.full(max(n, 1), np.nan, dtype=np.float32)
 
 
@@ -191,6 +430,23 @@ def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots:
     partials (backward only), then the global scratch (planes too large for
     shared memory only). Bindings that allocate through their framework use
     this to size buffers ahead of the call.
+
+    Parameters
+    ----------
+    problem : Problem
+        The layer call.
+    backward : bool
+        Size the backward pass's buffers instead of the forward one's.
+    shared_limit, max_slots : int
+        The backend's limits, as passed to :func:`plan_plane`.
+    tuning : Tuning, optional
+        The overrides the call will use.
+
+    Returns
+    -------
+    tuple of int
+        Element counts: ``(B * C * ntaps, [scratch])`` backward,
+        ``([scratch])`` forward (an empty tuple when no scratch is needed).
     """
     launch = plan_plane(problem, backward, shared_limit, max_slots, tuning)
     sizes = [problem.batch * problem.channels * launch.ntaps] if backward else []
@@ -206,13 +462,24 @@ def run_forward(backend, problem: Problem, x, y, weights: Weights,
     Parameters
     ----------
     backend : CupyBackend or SimulatorBackend
+        Where to compile and launch.
     problem : Problem
+        Sizes and options of the call (``B >= 1``).
     x : array, (B, C, H, W), storage dtype
+        Layer input.
     y : array, (B, C, ceil(H/stride), ceil(W/stride)), storage dtype, written
+        Layer output.
     weights : Weights
         Backend arrays of the published parameters, storage dtype.
     tuning : Tuning, optional
         Launch-shape overrides.
+
+    Raises
+    ------
+    wtconv_cuda.kernels.compiler.CompileError
+        The kernel variant could not be compiled or loaded (`CupyBackend`).
+    RuntimeError
+        `SimulatorBackend` without ``NUMBA_ENABLE_CUDASIM=1``.
     """
     launch = plan_plane(problem, False, backend.shared_limit, backend.max_slots, tuning)
     geo = backend.table(launch.geo)
@@ -228,16 +495,31 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
     Parameters
     ----------
     backend : CupyBackend or SimulatorBackend
+        Where to compile and launch.
     problem : Problem
-    x : array, (B, C, H, W)
-    dy : array, (B, C, ceil(H/stride), ceil(W/stride))
-    dx : array, (B, C, H, W), written
+        Sizes and options of the call (``B >= 1``).
+    x : array, (B, C, H, W), storage dtype
+        Forward input.
+    dy : array, (B, C, ceil(H/stride), ceil(W/stride)), storage dtype
+        Gradient of the forward output.
+    dx : array, (B, C, H, W), storage dtype, written
+        Gradient of ``x``.
     weights : Weights
+        Backend arrays of the published parameters, storage dtype.
     grads : Weights
         Arrays shaped like ``weights``, written (``base_bias`` only when the
         problem has a bias).
     tuning : Tuning, optional
         Launch-shape overrides.
+
+    Raises
+    ------
+    wtconv_cuda.kernels.compiler.CompileError
+        The plane or finalize variant could not be compiled or loaded
+        (`CupyBackend`); when the finalize variant fails, the plane pass has
+        already been queued.
+    RuntimeError
+        `SimulatorBackend` without ``NUMBA_ENABLE_CUDASIM=1``.
     """
     launch = plan_plane(problem, True, backend.shared_limit, backend.max_slots, tuning)
     geo = backend.table(launch.geo)

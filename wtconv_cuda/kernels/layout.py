@@ -1,8 +1,9 @@
 """Geometry of one plane's on-chip working set.
 
 The fused kernels keep a whole ``(H, W)`` plane and its wavelet pyramid in one
-float32 buffer (shared memory when it fits, otherwise a per-block slot of
-global scratch). This module is the single place where that buffer is laid
+float32 buffer (shared memory when it fits, otherwise a slot of global
+scratch); a block that runs several planes side by side holds one such buffer
+per plane. This module is the single place where that buffer is laid
 out; the kernels read the result from a small int64 table (``geo``), so host
 and device can never disagree about an offset.
 
@@ -56,7 +57,20 @@ def _round_up(a: int, b: int) -> int:
 
 
 def level_shapes(h: int, w: int, levels: int) -> list[tuple[int, int]]:
-    """Grid sizes ``(H_j, W_j)`` for ``j = 0..levels`` (sizes halve with ceil)."""
+    """Grid sizes ``(H_j, W_j)`` for ``j = 0..levels`` (sizes halve with ceil).
+
+    Parameters
+    ----------
+    h, w : int
+        Size of grid 0 (the full-resolution plane).
+    levels : int
+        Wavelet levels ``L >= 0``.
+
+    Returns
+    -------
+    list of tuple of int
+        ``levels + 1`` pairs; entry ``j`` is ``(ceil(h / 2**j), ceil(w / 2**j))``.
+    """
     shapes = [(h, w)]
     for _ in range(levels):
         h, w = _ceil_div(h, 2), _ceil_div(w, 2)
@@ -69,6 +83,20 @@ def row_chunks(rows: int, kernel_size: int, threads: int) -> int:
 
     Each ``(tap row, chunk)`` pair is one thread's work item, so at most
     ``threads // K`` chunks keep every item on its own thread.
+
+    Parameters
+    ----------
+    rows : int
+        Rows of the grid being correlated.
+    kernel_size : int
+        Odd ``K``.
+    threads : int
+        Threads per plane.
+
+    Returns
+    -------
+    int
+        ``max(1, min(rows, threads // kernel_size))``.
     """
     return max(1, min(rows, threads // kernel_size))
 
@@ -81,7 +109,8 @@ class PlaneLayout(NamedTuple):
     geo : numpy.ndarray
         int64 table passed to the kernel (header, then one entry per level).
     slot_floats : int
-        float32 elements of one block's working buffer.
+        float32 elements of one plane's working buffer (one slot; a block
+        holds one slot per plane it runs).
     ntaps : int
         Weight-gradient entries per plane: ``K*K`` base taps, one bias entry,
         ``4*K*K`` taps per level.
@@ -93,17 +122,58 @@ class PlaneLayout(NamedTuple):
 
 
 def weight_region(kernel_size: int, levels: int) -> int:
-    """float32 elements of the folded-weight region (rounded up to 4)."""
+    """float32 elements of the folded-weight region (rounded up to 4).
+
+    Parameters
+    ----------
+    kernel_size : int
+        Odd ``K``.
+    levels : int
+        Wavelet levels ``L``.
+
+    Returns
+    -------
+    int
+        ``(1 + 4L) K^2`` folded taps, the bias and the ``K x (K+2)`` padded
+        base taps, rounded up to a multiple of 4.
+    """
     return _round_up(padded_base_index(kernel_size, levels) + kernel_size * (kernel_size + 2), 4)
 
 
 def padded_base_index(kernel_size: int, levels: int) -> int:
-    """Index of the zero-padded ``K x (K+2)`` copy of the base taps."""
+    """Index of the zero-padded ``K x (K+2)`` copy of the base taps.
+
+    Parameters
+    ----------
+    kernel_size : int
+        Odd ``K``.
+    levels : int
+        Wavelet levels ``L``.
+
+    Returns
+    -------
+    int
+        Offset in float32 elements from the start of the folded-weight region:
+        ``bias_index(kernel_size, levels) + 1``.
+    """
     return bias_index(kernel_size, levels) + 1
 
 
 def bias_index(kernel_size: int, levels: int) -> int:
-    """Index of the folded bias inside the folded-weight region."""
+    """Index of the folded bias inside the folded-weight region.
+
+    Parameters
+    ----------
+    kernel_size : int
+        Odd ``K``.
+    levels : int
+        Wavelet levels ``L``.
+
+    Returns
+    -------
+    int
+        ``(1 + 4L) K^2``: the bias follows the base taps and every level's taps.
+    """
     return (1 + 4 * levels) * kernel_size * kernel_size
 
 
@@ -125,7 +195,8 @@ def plane_layout(h: int, w: int, levels: int, kernel_size: int, strip: int,
         Coefficient rows per thread (``Q``), a compile-time constant of the
         kernel.
     threads : int
-        Threads per block.
+        Threads per plane (one thread group of a block); bounds the number of
+        row chunks of the weight-gradient phase (:func:`row_chunks`).
     in_stride, out_stride : int
         Upsampling factor of the input plane (backward: ``stride``) and
         subsampling factor of the output (forward: ``stride``).
@@ -196,7 +267,24 @@ def plane_layout(h: int, w: int, levels: int, kernel_size: int, strip: int,
 
 
 def with_problem(layout: PlaneLayout, channels: int, planes: int, has_bias: bool) -> np.ndarray:
-    """Copy of ``layout.geo`` with the problem-size header entries filled in."""
+    """Copy of ``layout.geo`` with the problem-size header entries filled in.
+
+    Parameters
+    ----------
+    layout : PlaneLayout
+        Layout from :func:`plane_layout` (its table is left unchanged).
+    channels : int
+        Channels ``C`` (header entry ``C``).
+    planes : int
+        Planes in the launch, ``B * C`` (header entry ``nplanes``).
+    has_bias : bool
+        Whether the layer has a bias (header entry ``has_bias``, 0 or 1).
+
+    Returns
+    -------
+    numpy.ndarray, shape (len(layout.geo),), int64
+        A new, writable table.
+    """
     geo = layout.geo.copy()
     geo[HEADER["C"]] = channels
     geo[HEADER["nplanes"]] = planes

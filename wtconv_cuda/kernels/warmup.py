@@ -28,7 +28,34 @@ DEFAULT_SLOTS = 264
 
 def variants(kernel_sizes, storages, strides, plane_sizes, levels=range(7),
              shared_limit=DEFAULT_SHARED_LIMIT, tunings=(Tuning(),)) -> list:
-    """Every kernel spec the planner picks for these options (forward and backward)."""
+    """Every kernel spec the planner picks for these options (forward and backward).
+
+    The planner's choice does not depend on the batch size or channel count,
+    so one problem per combination of the options covers them all.
+
+    Parameters
+    ----------
+    kernel_sizes : iterable of int
+        Odd kernel sizes ``K``.
+    storages : iterable of str
+        Storage names, from `wtconv_cuda.kernels.codegen.STORAGE`.
+    strides : iterable of int
+        Layer strides.
+    plane_sizes : iterable of (int, int)
+        Plane sizes ``(H, W)``.
+    levels : iterable of int, optional
+        Wavelet levels (default 0 to 6).
+    shared_limit : int, optional
+        Dynamic shared memory per block to plan with, in bytes.
+    tunings : iterable of Tuning, optional
+        Launch-shape overrides to plan with (default: only the defaults).
+
+    Returns
+    -------
+    list of PlaneSpec and FinalizeSpec
+        Without duplicates, in first-planned order: the plane specs, then one
+        finalize spec per kernel size and storage.
+    """
     specs = []
     for k, storage, stride, (h, w), lv, tuning in itertools.product(
             kernel_sizes, storages, strides, plane_sizes, levels, tunings):
@@ -49,7 +76,31 @@ def _compile_one(job):
 
 
 def compile_all(specs, cc, jobs: int) -> list:
-    """Compile ``specs`` for ``cc`` with ``jobs`` processes; returns (spec, seconds) pairs."""
+    """Compile ``specs`` for ``cc`` with ``jobs`` processes; returns (spec, seconds) pairs.
+
+    Each spec goes through :func:`wtconv_cuda.kernels.compiler.cached_ptx`, so
+    variants already in the cache only cost a look-up.
+
+    Parameters
+    ----------
+    specs : iterable of PlaneSpec or FinalizeSpec
+        Variants to compile.
+    cc : tuple of int
+        Target ``(major, minor)``.
+    jobs : int
+        Worker processes; 1 or less compiles in this process.
+
+    Returns
+    -------
+    list of (spec, float)
+        Each spec with its wall-clock seconds (compile, or cache look-up), in
+        the order of ``specs``.
+
+    Raises
+    ------
+    wtconv_cuda.kernels.compiler.CompileError
+        A variant could not be compiled.
+    """
     work = [(spec, cc) for spec in specs]
     if jobs <= 1:
         return [_compile_one(job) for job in work]
@@ -58,7 +109,27 @@ def compile_all(specs, cc, jobs: int) -> list:
 
 
 def kernel_report(specs, device_id: int = 0) -> list[dict]:
-    """Load each spec on the GPU and read its resource usage."""
+    """Load each spec on the GPU and read its resource usage.
+
+    Parameters
+    ----------
+    specs : iterable of PlaneSpec or FinalizeSpec
+        Variants to load (compiled first if not cached).
+    device_id : int, optional
+        CUDA device ordinal.
+
+    Returns
+    -------
+    list of dict
+        One row per spec: ``spec`` (its fields as a dict), ``kind`` (the spec
+        class name), ``registers`` (per thread), ``local_bytes`` (local memory
+        per thread; non-zero means spills) and ``static_shared_bytes``.
+
+    Raises
+    ------
+    wtconv_cuda.kernels.compiler.CompileError
+        A variant could not be compiled or loaded.
+    """
     from .compiler import gpu_kernel
     rows = []
     for spec in specs:
@@ -71,6 +142,23 @@ def kernel_report(specs, device_id: int = 0) -> list[dict]:
 
 
 def main(argv=None) -> int:
+    """Command-line entry point (``python -m wtconv_cuda.kernels.warmup``).
+
+    Plans the variants for the options given (see the module docstring and
+    ``--help``), compiles them into the cache and prints a summary; with
+    ``--report``, also loads them on the GPU and writes the resource report
+    of :func:`kernel_report` as JSON.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        Arguments; default ``sys.argv[1:]``.
+
+    Returns
+    -------
+    int
+        Exit status: 0 (errors propagate as exceptions).
+    """
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kernel-sizes", type=int, nargs="+", default=[3, 5, 7])
