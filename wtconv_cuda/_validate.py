@@ -46,6 +46,22 @@ def _check_library(name: str, arr, library: str) -> None:
         raise TypeError(f"{name} must be a {library} array like x, got {found_name}")
 
 
+def _device_id(arr):
+    """CUDA device ordinal of a CuPy(-like) array, or None when it has none."""
+    device = getattr(arr, "device", None)
+    return getattr(device, "id", None)
+
+
+def _check_same_device(name: str, arr, x) -> None:
+    """CuPy arrays only: ``arr`` must live on ``x``'s GPU (the kernels read raw pointers)."""
+    want, found = _device_id(x), _device_id(arr)
+    if want is not None and found is not None and int(want) != int(found):
+        raise ValueError(
+            f"{name} is on CUDA device {found} but x is on CUDA device {want}; "
+            "all arrays of one call must be on x's device"
+        )
+
+
 def _check_dtype(name: str, arr) -> None:
     dtype = np.dtype(arr.dtype)
     if dtype not in SUPPORTED_DTYPES:
@@ -78,9 +94,16 @@ def _check_x(x) -> None:
 def _check_weights(weights, x, library: str, same_dtype: bool) -> None:
     if not isinstance(weights, WTConvWeights):
         raise TypeError(f"weights must be a WTConvWeights, got {type(weights).__name__}")
+    for name, arr in weights._asdict().items():
+        if arr is None and name != "base_bias":
+            raise TypeError(
+                f"weights.{name} must be an array (only weights.base_bias may be None), got None"
+            )
     present = {name: arr for name, arr in weights._asdict().items() if arr is not None}
     for name, arr in present.items():
         _check_library(f"weights.{name}", arr, library)
+        if library == "cupy":
+            _check_same_device(f"weights.{name}", arr, x)
         _check_dtype(f"weights.{name}", arr)
         if same_dtype:
             _check_same_dtype(f"weights.{name}", arr, x)
@@ -116,7 +139,9 @@ def _resolve_levels(levels, weights: WTConvWeights) -> int:
     if levels is None:
         return stored
     if isinstance(levels, bool) or not isinstance(levels, numbers.Integral):
-        raise TypeError(f"levels must be an int or None, got {type(levels).__name__}")
+        raise TypeError(
+            f"levels must be an int or None, got {type(levels).__name__} {levels!r}"
+        )
     if levels < 0:
         raise ValueError(f"levels must be >= 0, got {levels}")
     if levels != stored:
@@ -129,7 +154,7 @@ def _resolve_levels(levels, weights: WTConvWeights) -> int:
 
 def _check_stride(stride) -> int:
     if isinstance(stride, bool) or not isinstance(stride, numbers.Integral):
-        raise TypeError(f"stride must be an int, got {type(stride).__name__}")
+        raise TypeError(f"stride must be an int, got {type(stride).__name__} {stride!r}")
     if stride < 1:
         raise ValueError(f"stride must be >= 1, got {stride}")
     return int(stride)
@@ -170,7 +195,7 @@ def check_forward(x, weights, levels, stride, *, same_dtype: bool) -> tuple[int,
     ValueError
         Wrong rank, zero height or width, inconsistent weight shapes, even
         ``K``, channel mismatch, ``levels`` negative or not matching the
-        weights, ``stride < 1``.
+        weights, ``stride < 1``; (CuPy) a weight on another GPU than ``x``.
     """
     _check_x(x)
     _check_weights(weights, x, array_library(x), same_dtype)
@@ -198,11 +223,15 @@ def check_dy(dy, x, stride: int, *, same_dtype: bool) -> None:
         ``dy`` of another library than ``x``, unsupported dtype, or dtype
         mismatch when ``same_dtype``.
     ValueError
-        ``dy`` has the wrong shape.
+        ``dy`` has the wrong shape, or (CuPy) is on another GPU than ``x``.
     """
-    _check_library("dy", dy, array_library(x))
+    library = array_library(x)
+    _check_library("dy", dy, library)
+    if library == "cupy":
+        _check_same_device("dy", dy, x)
     _check_dtype("dy", dy)
     if same_dtype:
         _check_same_dtype("dy", dy, x)
     expected = output_shape(tuple(x.shape), stride)
     _check_shape("dy", dy, expected, f"(B, C, ceil(H/{stride}), ceil(W/{stride})) of the output")
+

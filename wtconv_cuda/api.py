@@ -169,7 +169,8 @@ def forward(x, w, levels=None, stride=1, tape=None):
     ValueError
         ``x`` not 4-D; ``H`` or ``W`` zero; inconsistent weight shapes;
         even ``K``; channel mismatch; ``levels`` negative or not matching
-        the weights; ``stride < 1``.
+        the weights; ``stride < 1``; (GPU) a weight on another device than
+        ``x``.
     wtconv_cuda.kernels.compiler.CompileError
         GPU only: the kernel variant could not be compiled or loaded.
 
@@ -234,8 +235,8 @@ def backward(saved, dy):
         of an unsupported dtype, or (GPU) of another dtype than ``x``; and
         the errors of :func:`forward` for the saved fields.
     ValueError
-        ``dy`` has the wrong shape; and the errors of :func:`forward` for
-        the saved fields.
+        ``dy`` has the wrong shape or (GPU) is on another device than ``x``;
+        and the errors of :func:`forward` for the saved fields.
     wtconv_cuda.kernels.compiler.CompileError
         GPU only: a kernel variant could not be compiled or loaded.
 
