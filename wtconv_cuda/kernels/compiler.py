@@ -256,6 +256,24 @@ def cached_ptx(spec, cc: tuple[int, int]) -> tuple[Path, str]:
     return path, entry
 
 
+def parse_compute_capability(text: str) -> tuple[int, int]:
+    """``(major, minor)`` of CuPy's compute-capability string.
+
+    Parameters
+    ----------
+    text : str
+        Major and minor digits run together, as CuPy reports them: ``"90"``
+        for sm_90, ``"100"`` for sm_100, ``"120"`` for sm_120.
+
+    Returns
+    -------
+    tuple of int
+        ``(9, 0)``, ``(10, 0)``, ``(12, 0)``: the minor version is the last digit.
+    """
+    text = str(text)
+    return int(text[:-1]), int(text[-1])
+
+
 def gpu_kernel(spec, device_id: int):
     """A CuPy ``RawKernel`` for ``spec`` on device ``device_id`` (cached per process).
 
@@ -289,8 +307,7 @@ def gpu_kernel(spec, device_id: int):
         if kernel is None:
             import cupy
             with cupy.cuda.Device(device_id) as device:
-                cc = tuple(int(v) for v in device.compute_capability)
-                path, entry = cached_ptx(spec, (cc[0], cc[1]) if len(cc) == 2 else (cc[0] // 10, cc[0] % 10))
+                path, entry = cached_ptx(spec, parse_compute_capability(device.compute_capability))
                 try:
                     kernel = cupy.RawModule(path=str(path)).get_function(entry)
                     optin = device.attributes["MaxSharedMemoryPerBlockOptin"]

@@ -176,8 +176,9 @@ def main(argv=None) -> int:
     else:
         try:
             import cupy
-            cc_text = cupy.cuda.Device().compute_capability
-            cc = (int(cc_text[:-1]), int(cc_text[-1]))
+
+            from .compiler import parse_compute_capability
+            cc = parse_compute_capability(cupy.cuda.Device().compute_capability)
         except Exception:
             cc = (9, 0)
     planes = [tuple(int(v) for v in p.split("x")) for p in args.planes]
