@@ -1,37 +1,53 @@
-"""Every kernel variant the planner can pick compiles to PTX for Hopper.
+"""Every code path of the generated kernels compiles to PTX for Hopper.
 
 The simulator does not type-check; compiling with ``numba.cuda.compile_ptx``
-does. This runs in a subprocess because the rest of the CPU suite imports
-numba in simulator mode, which cannot compile.
+does. The variants below cover every storage type, direction, input and
+output stride path (1, 2 and the generic one), shared memory and global
+scratch, several kernel sizes and launch shapes. This runs in a subprocess
+because the rest of the CPU suite imports numba in simulator mode, which
+cannot compile.
 """
 
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("numba.cuda")
 
+SPECS = textwrap.dedent("""
+    from wtconv_cuda.kernels.codegen import STORAGE, FinalizeSpec, PlaneSpec
+    paths = [(1, 1, False), (1, 2, False), (1, 3, False), (1, 1, True), (2, 1, True)]
+    specs = [PlaneSpec(3, storage, i, o, bwd, scratch, 32, 2, 0, 8)
+             for storage in STORAGE for (i, o, bwd) in paths for scratch in (False, True)]
+    specs += [PlaneSpec(k, "float32", 1, 1, bwd, False, threads, strip, 0, group)
+              for k in (1, 5, 7) for bwd in (False, True)
+              for (threads, strip, group) in ((128, 4, 2), (32, 1, 8))]
+    specs += [FinalizeSpec(k, storage) for k in (1, 3, 5, 7) for storage in STORAGE]
+""")
 
-def compile_variants(cache: Path, *args: str) -> str:
+
+def compile_in_subprocess(cache: Path, specs_code: str) -> int:
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["WTCONV_CUDA_CACHE"] = str(cache)
-    proc = subprocess.run(
-        [sys.executable, "-m", "wtconv_cuda.kernels.warmup", "--cc", "9.0", "--jobs", "2", *args],
-        env=env, capture_output=True, text=True, timeout=1500,
-    )
+    code = specs_code + textwrap.dedent("""
+        from wtconv_cuda.kernels.warmup import compile_all
+        compile_all(specs, (9, 0), 2)
+        print(len(specs))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=1500)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout
+    return int(proc.stdout.split()[-1])
 
 
-def test_every_variant_compiles_without_local_arrays(tmp_path):
-    out = compile_variants(tmp_path, "--kernel-sizes", "1", "3", "5", "7",
-                           "--storage", "float32", "float16", "bfloat16",
-                           "--strides", "1", "2", "--planes", "9x7", "255x257")
+def test_every_code_path_compiles_without_local_arrays(tmp_path):
+    count = compile_in_subprocess(tmp_path, SPECS)
     ptx_files = sorted(tmp_path.glob("*.ptx"))
-    assert len(ptx_files) >= 100, out
+    assert len(ptx_files) == count >= 50
     for path in ptx_files:
         text = path.read_text()
         assert ".entry" in text
@@ -39,9 +55,8 @@ def test_every_variant_compiles_without_local_arrays(tmp_path):
 
 
 def test_large_kernel_compiles(tmp_path):
-    from wtconv_cuda.kernels.warmup import variants
-    compile_variants(tmp_path, "--kernel-sizes", "15", "--storage", "float32",
-                     "--strides", "1", "--planes", "9x7")
-    expected = len(variants([15], ["float32"], [1], [(9, 7)]))
-    assert expected >= 3  # forward, backward, finalize at least
-    assert len(list(tmp_path.glob("*.ptx"))) == expected
+    code = textwrap.dedent("""
+        from wtconv_cuda.kernels.codegen import PlaneSpec
+        specs = [PlaneSpec(15, "float32", 1, 1, bwd, False, 32, 1, 0, 8) for bwd in (False, True)]
+    """)
+    assert compile_in_subprocess(tmp_path, code) == len(list(tmp_path.glob("*.ptx"))) == 2
