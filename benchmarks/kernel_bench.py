@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import numpy as np
 
 import cupy
 
 import wtconv_cuda as wt
+from wtconv_cuda._bench.core import CupyEventTimer, host_time_per_call, time_median
 from wtconv_cuda.weights import WTConvWeights
 
 CONFIGS = [  # (B, C, H, W, L, K)
@@ -31,19 +30,8 @@ CONFIGS = [  # (B, C, H, W, L, K)
 
 
 def cuda_time(fn, inputs, repeat=30, warmup=3) -> float:
-    """Median milliseconds of ``fn(*inputs[i % len(inputs)])`` timed with events."""
-    for i in range(warmup):
-        fn(*inputs[i % len(inputs)])
-    times = []
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    for i in range(repeat):
-        args = inputs[i % len(inputs)]
-        start.record()
-        fn(*args)
-        stop.record()
-        stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop))
-    return statistics.median(times)
+    """Median milliseconds of ``fn(*inputs[i % len(inputs)])`` timed with CUDA events."""
+    return time_median(fn, inputs, CupyEventTimer(cupy), repeat, warmup).median_ms
 
 
 def copy_bandwidth() -> float:
@@ -114,18 +102,10 @@ def host_overhead(repeat=2000):
         wt.forward(x, weights, tape=tape)
         tape.backward(dy)
 
-    out = {}
-    for name, fn in (("forward_us", lambda: wt.forward(x, weights)),
-                     ("train_step_us", train_step)):
-        for _ in range(50):
-            fn()
-        cupy.cuda.Device().synchronize()
-        start = time.perf_counter()
-        for _ in range(repeat):
-            fn()
-        cupy.cuda.Device().synchronize()
-        out[name] = (time.perf_counter() - start) / repeat * 1e6
-    return out
+    sync = cupy.cuda.Device().synchronize
+    return {"forward_us": host_time_per_call(lambda: wt.forward(x, weights), calls=repeat,
+                                             warmup=50, sync=sync),
+            "train_step_us": host_time_per_call(train_step, calls=repeat, warmup=50, sync=sync)}
 
 
 def main():

@@ -12,12 +12,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
 
 import numpy as np
 
 import cupy
 
+from wtconv_cuda._bench.core import CupyEventTimer, time_median
 from wtconv_cuda.kernels.compiler import gpu_kernel
 from wtconv_cuda.kernels.launch import (
     CupyBackend, Problem, Tuning, Weights, plan_plane, run_backward, run_forward,
@@ -28,17 +28,9 @@ SHAPES = [(64, 96, 56, 56, 5), (64, 192, 28, 28, 4), (64, 384, 14, 14, 3), (64, 
 
 
 def median_ms(fn, n_inputs=3, repeat=30):
-    for i in range(3):
-        fn(i % n_inputs)
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    times = []
-    for i in range(repeat):
-        start.record()
-        fn(i % n_inputs)
-        stop.record()
-        stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop))
-    return statistics.median(times)
+    """Median milliseconds of ``fn(i)`` for rotating input indices ``i``, CUDA events."""
+    inputs = [(i,) for i in range(n_inputs)]
+    return time_median(fn, inputs, CupyEventTimer(cupy), repeat, warmup=3).median_ms
 
 
 def main():

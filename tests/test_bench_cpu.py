@@ -462,3 +462,22 @@ def test_gpu_orchestration_dry_run_on_cpu_tensors(monkeypatch, tmp_path, capsys)
     assert bench.main(args + ["--time-budget", "1e-9", "--json", budget, "--no-plot"]) == 0
     data = json.loads(Path(budget).read_text())
     assert [r.get("skipped") for r in data["rows"]] == ["time budget"] * 4
+
+
+def test_cupy_event_timer_drives_time_median():
+    """The CuPy timer speaks the timer protocol (events recorded, elapsed read)."""
+    import types
+
+    from wtconv_cuda._bench.core import CupyEventTimer, time_median
+
+    clock = iter(range(0, 1000, 2))
+
+    class Event:
+        def record(self):
+            self.t = next(clock)
+
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Event=Event, Device=lambda: types.SimpleNamespace(synchronize=lambda: None),
+        get_elapsed_time=lambda a, b: float(b.t - a.t)))
+    timing = time_median(lambda: None, [()], CupyEventTimer(fake), repeat=5, warmup=1)
+    assert timing.runs == 5 and timing.median_ms == 2.0

@@ -413,6 +413,33 @@ class CudaEventTimer:
         return float(start.elapsed_time(stop))
 
 
+class CupyEventTimer:
+    """GPU timer with CUDA events on CuPy's current stream (see :class:`CudaEventTimer`).
+
+    Parameters
+    ----------
+    cupy : module
+        The ``cupy`` module.
+    """
+
+    def __init__(self, cupy):
+        self._cupy = cupy
+
+    def mark(self):
+        """Record a timing event on CuPy's current stream and return it."""
+        event = self._cupy.cuda.Event()
+        event.record()
+        return event
+
+    def sync(self) -> None:
+        """Wait for the current device."""
+        self._cupy.cuda.Device().synchronize()
+
+    def elapsed_ms(self, start, stop) -> float:
+        """Milliseconds between two recorded (and completed) events."""
+        return float(self._cupy.cuda.get_elapsed_time(start, stop))
+
+
 def time_median(fn: Callable, inputs: Sequence[tuple], timer, repeat: int = 30,
                 warmup: int = 3) -> Timing:
     """Median time of ``fn(*inputs[i % len(inputs)])`` over ``repeat`` runs.
