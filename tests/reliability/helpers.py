@@ -13,7 +13,7 @@ import os
 import numpy as np
 import pytest
 
-from wtconv_cuda import WTConvWeights
+from wtconv_cuda import WTConvWeights, reference
 from wtconv_cuda.kernels.launch import (
     Problem, SimulatorBackend, Tuning, Weights, run_backward, run_forward,
 )
@@ -93,6 +93,26 @@ def assert_close(name, got, want, tol):
     assert bad.size == 0, f"{name}: {len(bad)} non-finite (unwritten?) elements, first {bad[:4]}"
     err = max_rel_err(got, want)
     assert err <= tol, f"{name}: max relative error {err:.3g} > {tol:g}"
+
+
+def check_sim_against_oracle(x, w, dy, levels, stride, tol, shared_limit=SMEM,
+                             tuning=Tuning()):
+    """Run forward and backward in the simulator; assert inputs unchanged and
+    every output and gradient within ``tol`` of the oracle (``None`` for an
+    absent bias on both sides)."""
+    x0, dy0 = x.copy(), dy.copy()
+    y = sim_forward(x, w, levels, stride, shared_limit=shared_limit, tuning=tuning)
+    dx, dw = sim_backward(x, w, dy, levels, stride, shared_limit=shared_limit, tuning=tuning)
+    np.testing.assert_array_equal(x, x0)
+    np.testing.assert_array_equal(dy, dy0)
+    assert_close("y", y, reference.forward(x, w, levels, stride), tol)
+    dx_ref, dw_ref = reference.backward(x, w, dy, levels, stride)
+    assert_close("dx", dx, dx_ref, tol)
+    for name, want in dw_ref._asdict().items():
+        if want is None:
+            assert getattr(dw, name) is None
+        else:
+            assert_close(name, getattr(dw, name), want, tol)
 
 
 def nonfinite(a) -> np.ndarray:

@@ -23,7 +23,7 @@ from wtconv_cuda.kernels.launch import Tuning
 
 from ..conftest import random_weights
 from .helpers import (
-    SMEM, STORAGE, TOL, assert_close, cast_weights, needs_simulator, out_shape, sim_backward,
+    SMEM, STORAGE, TOL, cast_weights, check_sim_against_oracle, needs_simulator, out_shape,
     sim_forward,
 )
 
@@ -138,21 +138,8 @@ def test_simulated_kernels_match_oracle(p, storage, shared_limit, planes_per_blo
     _, x, w, dy = draw_inputs(p, dtype)
     w = cast_weights(w, dtype)
     levels, stride = p["levels"], p["stride"]
-    tuning = Tuning(planes_per_block=planes_per_block)
-    x0, dy0 = x.copy(), dy.copy()
-    y = sim_forward(x, w, levels, stride, shared_limit=shared_limit, tuning=tuning)
-    dx, dw = sim_backward(x, w, dy, levels, stride, shared_limit=shared_limit, tuning=tuning)
-    np.testing.assert_array_equal(x, x0)
-    np.testing.assert_array_equal(dy, dy0)
-    tol = TOL[storage]
-    assert_close("y", y, reference.forward(x, w, levels, stride), tol)
-    dx_ref, dw_ref = reference.backward(x, w, dy, levels, stride)
-    assert_close("dx", dx, dx_ref, tol)
-    for name, want in dw_ref._asdict().items():
-        if want is None:
-            assert getattr(dw, name) is None
-        else:
-            assert_close(name, getattr(dw, name), want, tol)
+    check_sim_against_oracle(x, w, dy, levels, stride, TOL[storage], shared_limit=shared_limit,
+                             tuning=Tuning(planes_per_block=planes_per_block))
 
 
 @needs_simulator
