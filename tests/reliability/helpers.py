@@ -149,25 +149,6 @@ def forward_footprint(h, w, k, levels, py, px):
     return mask
 
 
-def stride1_leak(h, w, k, py, px):
-    """Outputs that the stride-1 output phase of the plane kernel also touches.
-
-    ``_emit_output_blocks`` walks the ``K + 1`` input columns of a 2-column
-    output block and applies the base taps through a table padded with a zero
-    column on each side: the even output column ``2q`` meets input column
-    ``2q + R + 1`` and the odd column ``2q + 1`` meets ``2q - R``, each with a
-    zero tap. ``0 * NaN`` and ``0 * Inf`` are NaN, so a non-finite input pixel
-    ``(py, px)`` reaches one extra output column: ``px - R - 1`` when that is
-    even, otherwise ``px + R + 1`` (odd), on the rows ``py - R .. py + R``.
-    """
-    r = (k - 1) // 2
-    mask = np.zeros((h, w), bool)
-    col = px - r - 1 if (px - r - 1) % 2 == 0 else px + r + 1
-    if 0 <= col < w:
-        mask[max(0, py - r):py + r + 1, col] = True
-    return mask
-
-
 def touching_taps(k, n):
     """Kernel offsets along one axis that touch at least one of ``n`` grid points."""
     r = (k - 1) // 2

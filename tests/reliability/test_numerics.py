@@ -5,12 +5,11 @@ of the kernels must equal the oracle's set exactly: no NaN may leak into
 outputs that do not depend on that element (through shared tiles, padded tap
 tables, buffer reuse across planes) and none may be lost.
 
-Known kernel bugs are marked ``xfail(strict=True)`` case by case, computed
-from a precise prediction of the leak (see ``helpers.stride1_leak`` and
-:func:`phantom_column_leak`): when the kernels are fixed those cases pass and
-the strict marks fail, so the marks must then be removed. Independently of
-the marks, :func:`test_forward_leaks_only_where_predicted` checks that the
-kernels never lose a non-finite output and leak nowhere else.
+The cases include the two leaks found (and fixed) in the kernels: a zero
+tap of the stride-1 output phase meeting the pixel just outside an output
+column's window, and, for odd ``W``, the missing pixel column ``W`` (gradient
+0) meeting ``x`` in the base weight-gradient correlation.
+:func:`test_forward_every_pixel_of_a_plane` sweeps every pixel position.
 """
 
 from __future__ import annotations
@@ -26,21 +25,7 @@ from wtconv_cuda.kernels.launch import Tuning
 from ..conftest import random_weights
 from .helpers import (
     SMEM, STORAGE, cast_weights, describe_mask_diff, forward_footprint, level_grids,
-    needs_simulator, nonfinite, out_shape, sim_backward, sim_forward, stride1_leak,
-    touching_taps,
-)
-
-FORWARD_LEAK = (
-    "kernel bug: the stride-1 output phase (_emit_output_blocks in kernels/codegen.py) walks "
-    "K+1 input columns per 2-column output block and applies the base taps through the "
-    "zero-padded K x (K+2) tap table, so the pixel just outside each output column's tap "
-    "window is multiplied by a zero tap; 0 * NaN/Inf = NaN leaks into one extra output column"
-)
-GRAD_LEAK = (
-    "kernel bug: the base weight-gradient correlation (_emit_weight_gradients) walks pixel "
-    "column pairs (2m, 2m+1); for odd W the phantom pixel column W has gradient 0 and is "
-    "multiplied by x columns W-R..W-1, so 0 * NaN/Inf = NaN reaches taps that the oracle "
-    "keeps finite"
+    needs_simulator, nonfinite, out_shape, sim_backward, sim_forward, touching_taps,
 )
 
 
@@ -115,27 +100,25 @@ def test_oracle_weight_gradient_skips_taps_that_touch_no_pixel():
 
 def forward_case(hw, k, levels, stride, pixel, value, storage="float32"):
     h, w = hw
-    extra = stride1_leak(h, w, k, *pixel) & ~forward_footprint(h, w, k, levels, *pixel)
-    leaks = stride == 1 and extra.any()
-    marks = [pytest.mark.xfail(strict=True, reason=FORWARD_LEAK)] if leaks else []
     label = {np.nan: "nan", np.inf: "inf", -np.inf: "-inf"}[value]
-    return pytest.param(hw, k, levels, stride, pixel, value, storage, marks=marks,
+    return pytest.param(hw, k, levels, stride, pixel, value, storage,
                         id=f"{h}x{w}-K{k}-L{levels}-s{stride}-px{pixel[0]},{pixel[1]}-{label}"
                            f"-{storage}")
 
 
 FORWARD_CASES = (
-    # Base path only at stride 1: the leak is visible (no wavelet level covers it).
+    # Base path only at stride 1: the old zero-tap leak would be visible here (no
+    # wavelet level covers the neighbouring column).
     [forward_case((5, 7), k, 0, 1, (2, px), np.nan) for k in (1, 3, 5) for px in (0, 2, 3, 6)]
     + [forward_case((6, 8), 3, 0, 1, (3, px), v) for px, v in
        ((4, np.inf), (5, -np.inf), (0, np.inf), (7, np.nan))]
     + [forward_case((5, 7), 3, 0, 1, (2, 3), np.nan, "float16"),
        forward_case((5, 7), 3, 0, 1, (2, 2), np.inf, "float16")]
-    # Strides 2 and 3 use exact tap loops: no leak.
+    # Strides 2 and 3.
     + [forward_case((5, 7), k, 0, s, pixel, v) for k, s, pixel, v in
        ((1, 2, (2, 2), np.nan), (3, 2, (1, 6), np.inf), (5, 2, (2, 3), np.nan),
         (1, 3, (3, 3), np.inf), (3, 3, (2, 3), np.nan), (5, 3, (1, 6), -np.inf))]
-    # With wavelet levels the level-1 footprint covers the leaked column.
+    # With wavelet levels (the level-1 footprint is wider than the base window).
     + [forward_case((6, 7), k, lv, s, (3, px), v) for k, lv, s, px, v in
        ((1, 1, 1, 2, np.nan), (3, 1, 1, 5, np.inf), (5, 1, 1, 2, np.nan),
         (1, 2, 1, 5, -np.inf), (3, 2, 1, 2, np.nan), (5, 2, 2, 6, np.inf),
@@ -158,10 +141,9 @@ def test_forward_non_finite_set_matches_oracle(hw, k, levels, stride, pixel, val
 
 @needs_simulator
 @pytest.mark.parametrize("k", [1, 3, 5])
-def test_forward_leaks_only_where_predicted(k):
-    """Every pixel of a plane in turn (one channel per pixel, one launch): no non-finite
-    output is lost, and the only extra ones are the predicted stride-1 leak (none once the
-    kernel is fixed)."""
+def test_forward_every_pixel_of_a_plane(k):
+    """Every pixel of a plane in turn (one channel per pixel, one launch): the non-finite
+    outputs are exactly the oracle's."""
     h, w = 4, 5
     x, wts, _ = make_inputs(3, (1, h * w, h, w), k, 0, 1)
     pixels = [(py, px) for py in range(h) for px in range(w)]
@@ -170,10 +152,8 @@ def test_forward_leaks_only_where_predicted(k):
     got = nonfinite(sim_forward(x, wts, 0, 1))[0]
     want = nonfinite(reference.forward(x, wts, 0, 1))[0]
     for c, pixel in enumerate(pixels):
-        assert not (want[c] & ~got[c]).any(), f"pixel {pixel}: lost non-finite outputs"
-        unexpected = got[c] & ~want[c] & ~stride1_leak(h, w, k, *pixel)
-        assert not unexpected.any(), (
-            f"pixel {pixel}: unexpected leak {describe_mask_diff(got[c], want[c])}")
+        assert np.array_equal(got[c], want[c]), (
+            f"pixel {pixel}: {describe_mask_diff(got[c], want[c])}")
 
 
 # ---------------------------------------------------------------------------
@@ -189,11 +169,8 @@ def structural_taps(k, grid):
 
 def dy_case(hw, k, levels, stride, opix, value):
     h, w = hw
-    full = (opix[0] * stride, opix[1] * stride)
-    extra = stride1_leak(h, w, k, *full) & ~forward_footprint(h, w, k, levels, *full)
-    marks = [pytest.mark.xfail(strict=True, reason=FORWARD_LEAK)] if extra.any() else []
     label = "nan" if np.isnan(value) else "inf"
-    return pytest.param(hw, k, levels, stride, opix, value, marks=marks,
+    return pytest.param(hw, k, levels, stride, opix, value,
                         id=f"{h}x{w}-K{k}-L{levels}-s{stride}-dy{opix[0]},{opix[1]}-{label}")
 
 
@@ -252,34 +229,19 @@ def test_weight_gradients_with_non_finite_dy(hw, k, levels, stride, opix, value)
             f"{name}: {describe_mask_diff(got_mask, want_mask)}")
 
 
-def phantom_column_leak(h, w, k, pixel):
-    """Base-weight taps the kernels make non-finite beyond the oracle (see GRAD_LEAK)."""
-    r = (k - 1) // 2
-    r0, c0 = pixel
-    mask = np.zeros((k, k), bool)
-    tx = c0 - w + r
-    if w % 2 == 1 and 0 <= tx < r:
-        for ty in range(k):
-            if 0 <= r0 - ty + r < h:
-                mask[ty, tx] = True
-    return mask
-
-
 def x_case(hw, k, levels, stride, pixel, value):
-    leaks = phantom_column_leak(*hw, k, pixel).any()
-    marks = [pytest.mark.xfail(strict=True, reason=GRAD_LEAK)] if leaks else []
     label = "nan" if np.isnan(value) else "inf"
-    return pytest.param(hw, k, levels, stride, pixel, value, marks=marks,
+    return pytest.param(hw, k, levels, stride, pixel, value,
                         id=f"{hw[0]}x{hw[1]}-K{k}-L{levels}-s{stride}-x{pixel[0]},{pixel[1]}"
                            f"-{label}")
 
 
 X_CASES = [
-    x_case((5, 7), 3, 0, 1, (2, 6), np.nan),   # last column of an odd width: leak
+    x_case((5, 7), 3, 0, 1, (2, 6), np.nan),   # last column of an odd width (old leak)
     x_case((5, 7), 3, 1, 2, (0, 6), np.inf),
-    x_case((5, 7), 5, 0, 1, (2, 5), np.nan),   # column W-2 with R = 2: leak
+    x_case((5, 7), 5, 0, 1, (2, 5), np.nan),   # column W-2 with R = 2 (old leak)
     x_case((5, 7), 5, 1, 1, (4, 6), -np.inf),
-    x_case((5, 7), 3, 1, 1, (2, 5), np.nan),   # column W-2 with R = 1: no leak
+    x_case((5, 7), 3, 1, 1, (2, 5), np.nan),   # column W-2 with R = 1
     x_case((5, 8), 3, 1, 1, (2, 7), np.nan),   # even width: no phantom column
     x_case((4, 6), 5, 2, 3, (3, 0), np.inf),
     x_case((3, 1), 3, 2, 1, (1, 0), np.nan),

@@ -427,7 +427,9 @@ def _emit_output_blocks(e: _Emitter, spec: PlaneSpec) -> None:
     A thread owns ``Q`` level-1 coefficient rows of one column, i.e. the
     ``2Q x 2`` output pixels they cover: the base convolution walks the input
     columns of that window (each feeding two output columns through the
-    zero-padded tap table) and the level-1 synthesis adds the coarse levels.
+    zero-padded tap table; the outermost columns, which feed one output column
+    only, are peeled so that no zero tap meets a NaN) and the level-1 synthesis
+    adds the coarse levels.
     """
     K, Q, T, SO = spec.kernel_size, spec.strip, spec.threads, spec.out_stride
     R, KP = (K - 1) // 2, K + 2
@@ -447,11 +449,13 @@ def _emit_output_blocks(e: _Emitter, spec: PlaneSpec) -> None:
           f"rowbase = sb + src0 + (qy0 + {R}) * sp0")
         e(", ".join(f"acc{o}_{ex}" for o in rows for ex in parities) + " = "
           + ", ".join("fz" for _ in rows for _ in parities))
-        e(f"for u in range({-R}, {R + len(parities)}):")
-        with e.indent():
-            e(f"colbase = rowbase + (u & 1) * sph0 + qx + (u >> 1) + {R}",
-              f"wu = wpad + u + {R + 1}")
-            for ex in parities:
+
+        def column(u: str, used) -> None:
+            # Input column 2*qx + u feeds output column 2*qx + ex through tap
+            # column u - ex + R; only the parities in `used` have that tap.
+            e(f"colbase = rowbase + (({u}) & 1) * sph0 + qx + (({u}) >> 1) + {R}",
+              f"wu = wpad + ({u}) + {R + 1}")
+            for ex in used:
                 for dy in range(K):
                     e(f"w{ex}_{dy} = S[wu + {dy * KP - ex}]")
             for t in range(t_lo, t_hi + 1):
@@ -459,8 +463,22 @@ def _emit_output_blocks(e: _Emitter, spec: PlaneSpec) -> None:
                 for o in rows:
                     dy = t - o + R
                     if 0 <= dy < K:
-                        for ex in parities:
+                        for ex in used:
                             e(f"acc{o}_{ex} += w{ex}_{dy} * v")
+
+        if SO == 1:
+            # The outermost columns feed one output column only. Peeling them
+            # keeps a NaN/Inf just outside one column's window out of the other
+            # (a zero tap times NaN is NaN).
+            column(f"{-R}", (0,))
+            e(f"for u in range({-R + 1}, {R + 1}):")
+            with e.indent():
+                column("u", parities)
+            column(f"{R + 1}", (1,))
+        else:
+            e(f"for u in range({-R}, {R + 1}):")
+            with e.indent():
+                column("u", parities)
         for i in range(Q):
             e(f"qy = qy0 + {i}", "if qy < H1:")
             with e.indent():
@@ -550,7 +568,6 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
     # Base taps: pixels are walked in column pairs (2m, 2m+1); the window holds
     # the K+1 x values at columns 2m + e, e = -R..R+1 (register n = e + R).
     e("pbase = plane * ntaps",
-      "W1 = (W + 1) // 2",
       f"P = max(int64(1), min(H, int64({chunks_cap})))",
       f"nit = {K} * P",
       "if tid < nit:")
@@ -565,7 +582,7 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
             for n in range(K - 1):
                 ev = n - R
                 e(f"win_{n} = S[xrow + {ev & 1} * sph0 + {ev >> 1}]")
-            e("for m in range(W1):")
+            e("for m in range(W >> 1):")
             with e.indent():
                 for n in (K - 1, K):
                     ev = n - R
@@ -575,6 +592,15 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
                     e(f"acc_{dx} += win_{dx} * g0 + win_{dx + 1} * g1")
                 for n in range(K - 1):
                     e(f"win_{n} = win_{n + 2}")
+            e("# odd W: the last pair has no column W; x there must not meet its zero",
+              "if (W & 1) != 0:")
+            with e.indent():
+                e("m = W >> 1")
+                ev = K - 1 - R
+                e(f"win_{K - 1} = S[xrow + {ev & 1} * sph0 + m + {ev >> 1}]",
+                  "g0 = S[grow + m]", "gsum += g0")
+                for dx in range(K):
+                    e(f"acc_{dx} += win_{dx} * g0")
             e("py += P")
         for dx in range(K):
             e(f"S[sb + p_off + tid * {K} + {dx}] = acc_{dx}")
