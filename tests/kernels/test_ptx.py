@@ -3,7 +3,8 @@
 The simulator does not type-check; compiling with ``numba.cuda.compile_ptx``
 does. The variants below cover every storage type, direction, input and
 output stride path (1, 2 and the generic one), shared memory and global
-scratch, several kernel sizes and launch shapes. This runs in a subprocess
+scratch, block and warp (``syncwarp``) barriers, several kernel sizes and
+launch shapes. This runs in a subprocess
 because the rest of the CPU suite imports numba in simulator mode, which
 cannot compile.
 """
@@ -21,7 +22,7 @@ pytest.importorskip("numba.cuda")
 SPECS = textwrap.dedent("""
     from wtconv_cuda.kernels.codegen import STORAGE, FinalizeSpec, PlaneSpec
     paths = [(1, 1, False), (1, 2, False), (1, 3, False), (1, 1, True), (2, 1, True)]
-    specs = [PlaneSpec(3, storage, i, o, bwd, scratch, 32, 2, 0, 8)
+    specs = [PlaneSpec(3, storage, i, o, bwd, scratch, 32, 2, 128, 8, scratch)
              for storage in STORAGE for (i, o, bwd) in paths for scratch in (False, True)]
     specs += [PlaneSpec(k, "float32", 1, 1, bwd, False, threads, strip, 0, group)
               for k in (1, 5, 7) for bwd in (False, True)

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from wtconv_cuda import reference
+from wtconv_cuda.kernels.codegen import single_items_win
 from wtconv_cuda.kernels.launch import (
-    Problem, SimulatorBackend, Weights, run_backward, run_forward,
+    Problem, SimulatorBackend, Weights, plan_plane, run_backward, run_forward,
 )
 
 from ..conftest import random_weights
@@ -95,6 +96,17 @@ def test_global_scratch_path(rng, stride):
 def test_deep_levels_on_tiny_plane(rng):
     """Levels past a 1x1 grid are valid (as in the published layer)."""
     assert_close(run_layer(rng, (1, 1, 3, 2), 4, 3, 1), DTYPES["float32"][1])
+
+
+def test_both_analysis_decompositions(rng):
+    """17x23 at K=3: strip items on levels 1-2, single items on level 3 (bitwise the same
+    sums, but separate code)."""
+    problem = Problem(1, 2, 17, 23, 3, 3, 1, "float32", True)
+    spec = plan_plane(problem, False, 227 * 1024, 1).spec
+    grids = [(9, 12), (5, 6), (3, 3)]
+    modes = [single_items_win(h, w, 3, spec.strip, spec.threads) for h, w in grids]
+    assert modes == [False, False, True]
+    assert_close(run_layer(rng, (1, 2, 17, 23), 3, 3, 1), DTYPES["float32"][1])
 
 
 class _RecordingBackend(SimulatorBackend):

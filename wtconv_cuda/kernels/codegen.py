@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .layout import HEADER, LEVEL_BASE, LEVEL_STRIDE, bias_index
+from .layout import HEADER, HEADER_FIELDS, LEVEL_BASE, LEVEL_STRIDE, bias_index
 
 #: Storage dtypes the kernels read and write (accumulation is always float32).
 STORAGE = ("float32", "float16", "bfloat16")
@@ -58,6 +58,10 @@ class PlaneSpec(NamedTuple):
     planes_per_block : int
         Planes a block works on side by side (``threads`` each); small planes
         need several to keep a multiprocessor busy.
+    warp_sync : bool
+        Each plane's thread group is one warp (``threads == 32``) and waits
+        only for itself (``syncwarp``) instead of for the whole block, so the
+        planes of a block run independently.
     """
 
     kernel_size: int
@@ -70,6 +74,7 @@ class PlaneSpec(NamedTuple):
     strip: int = 4
     max_registers: int = 0
     planes_per_block: int = 1
+    warp_sync: bool = False
 
 
 class FinalizeSpec(NamedTuple):
@@ -120,6 +125,36 @@ class _Indent:
         self.emitter.depth -= 1
 
 
+class _DivmodLoop:
+    """``for var in range(start, stop, step)`` whose body sees ``hi, lo = divmod(var, d)``.
+
+    An integer division costs ~50 instructions on the GPU (64-bit, with a
+    32-bit fast path), more than a small work item's own index arithmetic.
+    Here ``hi`` and ``lo`` are divided out once before the loop and then
+    stepped: ``lo`` grows by ``step % d`` and carries into ``hi``. ``d`` must
+    be a plain name (it is read several times); the body must not
+    ``continue``.
+    """
+
+    def __init__(self, e: "_Emitter", var: str, start: str, stop: str, step, d: str, hi: str,
+                 lo: str) -> None:
+        self.e, self.var, self.start, self.stop, self.step = e, var, start, stop, step
+        self.d, self.hi, self.lo = d, hi, lo
+
+    def __enter__(self) -> None:
+        e, d, hi, lo = self.e, self.d, self.hi, self.lo
+        e(f"{hi} = ({self.start}) // {d}", f"{lo} = ({self.start}) - {hi} * {d}",
+          f"{hi}_step = {self.step} // {d}", f"{lo}_step = {self.step} - {hi}_step * {d}",
+          f"for {self.var} in range({self.start}, {self.stop}, {self.step}):")
+        e.depth += 1
+
+    def __exit__(self, *exc) -> None:
+        e, d, hi, lo = self.e, self.d, self.hi, self.lo
+        e(f"{hi} += {hi}_step", f"{lo} += {lo}_step", f"if {lo} >= {d}:",
+          f"    {lo} -= {d}", f"    {hi} += 1")
+        e.depth -= 1
+
+
 def _load(storage: str, expr: str) -> str:
     """Expression converting one stored element to float32."""
     if storage == "float32":
@@ -149,7 +184,13 @@ _F = {name: i for i, name in enumerate(("Hj", "Wj", "src", "pitch", "phase", "z"
 
 
 def _geo(name: str) -> str:
-    return f"geo[{HEADER[name]}]"
+    """A header field: a scalar kernel parameter of the same name.
+
+    Scalar parameters live in the constant bank, so the many header values
+    that stay live for the whole kernel take no registers.
+    """
+    assert name in HEADER, name
+    return name
 
 
 def _lvl(level, field: str) -> str:
@@ -177,14 +218,15 @@ def _phase_index(src: str, pitch: str, phase: str, row: str, col: str, R: int) -
 
 
 LOAD_UNROLL = 8
-FOLD_UNROLL = 4
 
 
 def plane_kernel_source(spec: PlaneSpec) -> str:
     """Python source of ``wtconv_plane`` for ``spec``.
 
     The kernel takes ``(src, out, xsrc, w0, b0, s0, ww, ws, part, scratch,
-    geo)`` (see :func:`wtconv_cuda.kernels.compiler.plane_signature`). A block
+    geo, *header)``: pointers, then the table's header fields
+    (:data:`wtconv_cuda.kernels.layout.HEADER_FIELDS`) again as int64
+    scalars (see :func:`wtconv_cuda.kernels.compiler.plane_signature`). A block
     of ``spec.threads * spec.planes_per_block`` threads runs
     ``planes_per_block`` planes side by side: thread group ``g`` (``threads``
     threads) owns buffer slot ``g`` of the block, in dynamic shared memory or,
@@ -206,18 +248,22 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
     Raises
     ------
     ValueError
-        ``spec.kernel_size`` is even or smaller than 1, or ``spec.storage`` is
-        not one of `STORAGE`.
+        ``spec.kernel_size`` is even or smaller than 1, ``spec.storage`` is
+        not one of `STORAGE`, or ``spec.warp_sync`` is set with ``threads``
+        other than 32.
     """
     K, T, G = spec.kernel_size, spec.threads, spec.planes_per_block
     if K < 1 or K % 2 == 0:
         raise ValueError(f"kernel_size must be odd and >= 1, got {K}")
     if spec.storage not in STORAGE:
         raise ValueError(f"storage must be one of {STORAGE}, got {spec.storage!r}")
+    if spec.warp_sync and T != 32:
+        raise ValueError(f"warp_sync needs threads == 32 (one warp per plane), got {T}")
     SI = spec.in_stride
     e = _Emitter()
 
-    e("def wtconv_plane(src, out, xsrc, w0, b0, s0, ww, ws, part, scratch, geo):")
+    e("def wtconv_plane(src, out, xsrc, w0, b0, s0, ww, ws, part, scratch, geo, "
+      + ", ".join(HEADER_FIELDS) + "):")
     with e.indent():
         e("# A block runs G planes side by side, one group of T threads (and one",
           "# buffer slot) each; `tid` is the thread's index within its group.",
@@ -225,21 +271,14 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
           f"tid = cuda.threadIdx.x - grp * {T}",
           "fz = float32(0.0)",
           "f05 = float32(0.5)",
-          f"H = {_geo('H')}", f"W = {_geo('W')}",
-          f"Hin = {_geo('Hin')}", f"Win = {_geo('Win')}",
-          f"Hout = {_geo('Hout')}", f"Wout = {_geo('Wout')}",
-          f"L = {_geo('L')}", f"C = {_geo('C')}", f"nplanes = {_geo('nplanes')}",
           "B = nplanes // C",
-          f"a_off = {_geo('a_off')}", f"a_len = {_geo('a_len')}",
-          f"has_bias = {_geo('has_bias')}",
           f"src0 = {_lvl(0, 'src')}", f"sp0 = {_lvl(0, 'pitch')}", f"sph0 = {_lvl(0, 'phase')}")
         if spec.scratch:
             e("S = scratch", f"sb = (int64(cuda.blockIdx.x) * {G} + grp) * {_geo('slot')}")
         else:
             e("S = cuda.shared.array(0, dtype=float32)", f"sb = grp * {_geo('slot')}")
         if spec.backward:
-            e(f"xb_off = {_geo('xb_off')}", f"p_off = {_geo('p_off')}",
-              "xshift = xb_off - a_off",
+            e("xshift = xb_off - a_off",
               f"ntaps = {K * K + 1} + {4 * K * K} * L")
         e("# The halos of region A stay zero for the whole launch.",
           f"for i in range(tid, a_len, {T}):",
@@ -268,7 +307,10 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
             if spec.backward:
                 _emit_weight_gradients(e, spec)
             e(f"first += cuda.gridDim.x * {G}")
-    return e.text()
+    text = e.text()
+    if spec.warp_sync:  # every barrier only orders one group's own slot
+        text = text.replace("cuda.syncthreads()", "cuda.syncwarp()")
+    return text
 
 
 def _emit_plane_load(e: _Emitter, spec: PlaneSpec, array: str, base: str, rows: str,
@@ -280,68 +322,115 @@ def _emit_plane_load(e: _Emitter, spec: PlaneSpec, array: str, base: str, rows: 
     """
     T, U = spec.threads, LOAD_UNROLL
     R = (spec.kernel_size - 1) // 2
-    e(f"gbase = {base}", f"count = {rows} * {cols}",
+    e(f"gbase = {base}", f"count = {rows} * {cols}", f"ncols = {cols}",
+      "# (iy, ix) of element i, stepped by T (see _DivmodLoop)",
+      "iy = tid // ncols", "ix = tid - iy * ncols",
+      f"iy_step = {T} // ncols", f"ix_step = {T} - iy_step * ncols",
       f"for i0 in range(tid, count, {T * U}):")
     with e.indent():
         for u in range(U):
             e(f"v{u} = {_load(spec.storage, f'{array}[gbase + i0 + {u * T}]')} "
               f"if i0 + {u * T} < count else fz")
         for u in range(U):
-            e(f"i = i0 + {u * T}", "if i < count:")
+            e(f"if i0 + {u * T} < count:")
             with e.indent():
-                e(f"iy = i // {cols}", f"ix = i - iy * {cols}",
-                  f"S[sb + {_phase_index(grid, 'sp0', 'sph0', f'iy * {stride}', f'ix * {stride}', R)}]"
+                e(f"S[sb + {_phase_index(grid, 'sp0', 'sph0', f'iy * {stride}', f'ix * {stride}', R)}]"
                   f" = v{u}")
+            e("iy += iy_step", "ix += ix_step", "if ix >= ncols:",
+              "    ix -= ncols", "    iy += 1")
 
 
 def _emit_fold_weights(e: _Emitter, spec: PlaneSpec) -> None:
     """Scales (and the Haar 1/2) folded into the channel's taps, in S[sb:].
 
-    Unrolled ``FOLD_UNROLL`` times so that each thread's loads are in flight
-    together.
+    Layout (see :func:`wtconv_cuda.kernels.layout.weight_region`): ``K*K``
+    base taps, then ``4*K*K`` taps per level (subband-major), then the bias.
+    Every loop runs over one structured range, so no index is divided; the
+    four subbands' loads of a level are issued together.
     """
-    K, T, U = spec.kernel_size, spec.threads, FOLD_UNROLL
-    K2, KP = K * K, K + 2
+    K, T = spec.kernel_size, spec.threads
+    K2 = K * K
     ld = lambda x: _load(spec.storage, x)  # noqa: E731
-    flip = (lambda t: f"{K2 - 1} - ({t})") if spec.backward else (lambda t: t)
-    base_tap = ld(f"w0[c * {K2} + {flip('i')}]")
-    padded_tap = ld(f"w0[c * {K2} + {flip(f'dy * {K} + dx')}]")
-    level_tap = ld(f"ww[widx * {K2} + {flip('t')}]")
-    e(f"nw = {K2} + {4 * K2} * L", f"nfold = nw + {1 + K * KP}",
-      f"scale = {ld('s0[c]')}",
-      f"for i0 in range(tid, nfold, {T * U}):")
+    tap = f"{K2 - 1} - t" if spec.backward else "t"  # dx uses the flipped kernels
+    e(f"scale = {ld('s0[c]')}",
+      f"for t in range(tid, {K2}, {T}):",
+      f"    S[sb + t] = scale * {ld(f'w0[c * {K2} + {tap}]')}",
+      "for j in range(L):")
     with e.indent():
-        for u in range(U):
-            e(f"i = i0 + {u * T}", f"v{u} = fz",
-              f"if i < {K2}:",
-              f"    v{u} = scale * {base_tap}",
-              "elif i < nw:")
-            with e.indent():
-                e(f"r = i - {K2}", f"j = r // {4 * K2}", f"rem = r - j * {4 * K2}",
-                  f"k = rem // {K2}", f"t = rem - k * {K2}", "widx = (j * C + c) * 4 + k",
-                  f"v{u} = f05 * ({ld('ws[widx]')} * {level_tap})")
-            if not spec.backward:
-                e("elif i == nw:", "    if has_bias != 0:", f"        v{u} = scale * {ld('b0[c]')}")
-            e("elif i > nw and i < nfold:")
-            with e.indent():
-                e("# base taps again, K x (K+2) with a zero column on each side",
-                  "r = i - nw - 1", f"dy = r // {KP}", f"dx = r - dy * {KP} - 1",
-                  f"if dx >= 0 and dx < {K}:",
-                  f"    v{u} = scale * {padded_tap}")
-        for u in range(U):
-            e(f"if i0 + {u * T} < nfold:", f"    S[sb + i0 + {u * T}] = v{u}")
+        e("wq = (j * C + c) * 4")
+        for k in range(4):
+            e(f"ws{k} = {ld(f'ws[wq + {k}]')}")
+        e(f"for t in range(tid, {K2}, {T}):")
+        with e.indent():
+            for k in range(4):
+                e(f"v{k} = f05 * (ws{k} * {ld(f'ww[(wq + {k}) * {K2} + {tap}]')})")
+            for k in range(4):
+                e(f"S[sb + {K2} + j * {4 * K2} + {k * K2} + t] = v{k}")
+    e("if tid == 0:")
+    with e.indent():
+        if spec.backward:  # dx has no bias
+            e(f"S[sb + {K2} + {4 * K2} * L] = fz")
+        else:
+            e(f"S[sb + {K2} + {4 * K2} * L] = scale * {ld('b0[c]')} if has_bias != 0 else fz")
+
+
+def _strip_item_cost(K: int, Q: int) -> int:
+    """Rough instruction count of one strip item of the analysis (see :func:`_emit_analysis`):
+    per tap column, 4K tap loads, Q+K-1 butterflies (4 loads, 8 adds) and 4QK FMAs."""
+    return K * (4 * K + 12 * (Q + K - 1) + 4 * Q * K)
+
+
+def _single_item_cost(K: int) -> int:
+    """Rough instruction count of one single item: per tap, 1 tap and 4 value loads, 3 sign
+    combinations and 1 FMA."""
+    return 9 * K * K
+
+
+def single_items_win(hj: int, wj: int, kernel_size: int, strip: int, threads: int) -> bool:
+    """Whether level grid ``hj x wj`` is analysed with single items (else strips).
+
+    The host-side mirror of the run-time choice in :func:`_emit_analysis`,
+    for tests and notes.
+
+    Parameters
+    ----------
+    hj, wj : int
+        Coefficient grid of the level.
+    kernel_size, strip, threads : int
+        ``K``, ``Q`` and ``T`` of the kernel variant.
+
+    Returns
+    -------
+    bool
+        ``True`` when rounds of single items take fewer serial instructions.
+    """
+    strip_rounds = -(-(-(-hj // strip) * wj) // threads)
+    single_rounds = -(-(4 * hj * wj) // threads)
+    return (single_rounds * _single_item_cost(kernel_size)
+            < strip_rounds * _strip_item_cost(kernel_size, strip))
 
 
 def _emit_analysis(e: _Emitter, spec: PlaneSpec) -> None:
     """Levels 1..L: Haar analysis fused into each subband's KxK convolution.
 
-    A thread owns ``Q`` consecutive coefficient rows of one column; the lanes
-    of a warp own neighbouring columns. It walks the ``K`` tap columns; for
-    each, the ``Q+K-1`` source blocks of that column are loaded once and feed
-    every (output row, tap row) pair they belong to.
+    Two work decompositions, picked per level at run time by which finishes
+    in fewer serial instructions (rounds of ``T`` items times the cost of one):
+
+    strip items
+        A thread owns ``Q`` consecutive coefficient rows of one column, all
+        four subbands; the lanes of a warp own neighbouring columns. It walks
+        the ``K`` tap columns; for each, the ``Q+K-1`` source blocks of that
+        column are loaded once and feed every (output row, tap row) pair
+        they belong to. Least work per coefficient: for the fine levels.
+    single items
+        A thread owns one coefficient of one subband (``4 Hj Wj`` items).
+        More work in all, but up to ``4 Q`` times more threads and a chain
+        a quarter as long: for the coarse levels, where strip items would
+        leave most threads idle. The sums are formed in the same order, so
+        both give the same bits.
     """
     K, Q, T = spec.kernel_size, spec.strip, spec.threads
-    R, K2 = (K - 1) // 2, K * K
+    K2 = K * K
     e("for j in range(1, L + 1):")
     with e.indent():
         e(f"srcp = {_lvl('j - 1', 'src')}", f"spp = {_lvl('j - 1', 'pitch')}",
@@ -352,39 +441,79 @@ def _emit_analysis(e: _Emitter, spec: PlaneSpec) -> None:
           "HWj = Hj * Wj",
           f"wb = sb + {K2} + (j - 1) * {4 * K2}",
           f"nrb = (Hj + {Q - 1}) // {Q}",
-          f"for it in range(tid, nrb * Wj, {T}):")
+          f"strip_rounds = (nrb * Wj + {T - 1}) // {T}",
+          f"single_rounds = (4 * HWj + {T - 1}) // {T}",
+          f"if single_rounds * {_single_item_cost(K)} < strip_rounds * {_strip_item_cost(K, Q)}:")
         with e.indent():
-            e("rb = it // Wj", "qx = it - rb * Wj", f"qy0 = rb * {Q}",
-              "base = sb + srcp + qy0 * spp + qx")
-            for k in range(4):
-                e(", ".join(f"acc{k}_{i}" for i in range(Q)) + " = "
-                  + ", ".join("fz" for _ in range(Q)))
-            e(f"for dx in range({K}):")
-            with e.indent():
-                e("wr = wb + dx", "col = base + dx")
-                for k in range(4):
-                    for dy in range(K):
-                        e(f"w{k}_{dy} = S[wr + {k * K2 + dy * K}]")
-                for r in range(Q + K - 1):
-                    _butterfly(e, "u", "", f"col + {r} * spp", "sph")
-                    for i in range(Q):
-                        dy = r - i
-                        if 0 <= dy < K:
-                            for k in range(4):
-                                e(f"acc{k}_{i} += w{k}_{dy} * u{k}_")
-            e(f"centre = base + {R} * spp + {R}")
-            for i in range(Q):
-                e(f"qy = qy0 + {i}", "if qy < Hj:")
-                with e.indent():
-                    e("zq = sb + zo + qy * Wj + qx")
-                    for k in range(4):
-                        e(f"S[zq + {k} * HWj] = acc{k}_{i}")
-                    e("if j < L:")
-                    with e.indent():
-                        e(f"p = centre + {i} * spp",
-                          "ll = f05 * ((S[p] + S[p + sph]) + (S[p + 2 * sph] + S[p + 3 * sph]))",
-                          f"S[sb + {_phase_index('srcn', 'spn', 'sphn', 'qy', 'qx', R)}] = ll")
+            _emit_analysis_single(e, spec)
+        e("else:")
+        with e.indent():
+            _emit_analysis_strips(e, spec)
         e("cuda.syncthreads()")
+
+
+def _emit_analysis_single(e: _Emitter, spec: PlaneSpec) -> None:
+    """One (subband, coefficient) per work item; see :func:`_emit_analysis`."""
+    K, T = spec.kernel_size, spec.threads
+    R, K2 = (K - 1) // 2, K * K
+    e("# four neighbouring lanes share a coefficient (its values are broadcast), one",
+      "# subband each; coefficients step by T/4",
+      "k = tid & 3",
+      "# subband k of the butterfly (a, b, c, d): (a + s1 b) + s2 (c + s1 d)",
+      "s1 = float32(1 - 2 * (k >> 1))", "s2 = float32(1 - 2 * (k & 1))",
+      f"wk = wb + k * {K2}",
+      f"qstop = HWj if tid < {4 * (T // 4)} else int64(0)")
+    with _DivmodLoop(e, "q", "tid >> 2", "qstop", T // 4, "Wj", "qy", "qx"):
+        e("base = sb + srcp + qy * spp + qx", "acc = fz")
+        band = "(S[p] + s1 * S[p + sph]) + s2 * (S[p + 2 * sph] + s1 * S[p + 3 * sph])"
+        e("# a loop over the tap columns (not unrolled): all K*K taps in flight at once",
+          "# would take ~230 registers",
+          f"for dx in range({K}):")
+        with e.indent():
+            for dy in range(K):
+                e(f"p = base + {dy} * spp + dx", f"acc += S[wk + {dy * K} + dx] * ({band})")
+        e("S[sb + zo + k * HWj + q] = acc",
+          "if k == 0 and j < L:")
+        with e.indent():
+            e(f"p = base + {R} * spp + {R}",
+              "ll = f05 * ((S[p] + S[p + sph]) + (S[p + 2 * sph] + S[p + 3 * sph]))",
+              f"S[sb + {_phase_index('srcn', 'spn', 'sphn', 'qy', 'qx', R)}] = ll")
+
+
+def _emit_analysis_strips(e: _Emitter, spec: PlaneSpec) -> None:
+    """``Q`` rows of one column, four subbands, per work item; see :func:`_emit_analysis`."""
+    K, Q, T = spec.kernel_size, spec.strip, spec.threads
+    R, K2 = (K - 1) // 2, K * K
+    with _DivmodLoop(e, "it", "tid", "nrb * Wj", T, "Wj", "rb", "qx"):
+        e(f"qy0 = rb * {Q}", "base = sb + srcp + qy0 * spp + qx")
+        for k in range(4):
+            e(", ".join(f"acc{k}_{i}" for i in range(Q)) + " = "
+              + ", ".join("fz" for _ in range(Q)))
+        e(f"for dx in range({K}):")
+        with e.indent():
+            e("wr = wb + dx", "col = base + dx")
+            for k in range(4):
+                for dy in range(K):
+                    e(f"w{k}_{dy} = S[wr + {k * K2 + dy * K}]")
+            for r in range(Q + K - 1):
+                _butterfly(e, "u", "", f"col + {r} * spp", "sph")
+                for i in range(Q):
+                    dy = r - i
+                    if 0 <= dy < K:
+                        for k in range(4):
+                            e(f"acc{k}_{i} += w{k}_{dy} * u{k}_")
+        e(f"centre = base + {R} * spp + {R}")
+        for i in range(Q):
+            e(f"qy = qy0 + {i}", "if qy < Hj:")
+            with e.indent():
+                e("zq = sb + zo + qy * Wj + qx")
+                for k in range(4):
+                    e(f"S[zq + {k} * HWj] = acc{k}_{i}")
+                e("if j < L:")
+                with e.indent():
+                    e(f"p = centre + {i} * spp",
+                      "ll = f05 * ((S[p] + S[p + sph]) + (S[p + 2 * sph] + S[p + 3 * sph]))",
+                      f"S[sb + {_phase_index('srcn', 'spn', 'sphn', 'qy', 'qx', R)}] = ll")
 
 
 def _emit_synthesis(e: _Emitter, spec: PlaneSpec) -> None:
@@ -395,10 +524,9 @@ def _emit_synthesis(e: _Emitter, spec: PlaneSpec) -> None:
         e(f"Hj = {_lvl('j', 'Hj')}", f"Wj = {_lvl('j', 'Wj')}", f"zo = {_lvl('j', 'z')}",
           f"Hp = {_lvl('j - 1', 'Hj')}", f"Wp = {_lvl('j - 1', 'Wj')}",
           f"zp = {_lvl('j - 1', 'z')}",
-          "HWj = Hj * Wj",
-          f"for it in range(tid, HWj, {T}):")
-        with e.indent():
-            e("qy = it // Wj", "qx = it - qy * Wj", "z = sb + zo + it",
+          "HWj = Hj * Wj")
+        with _DivmodLoop(e, "it", "tid", "HWj", T, "Wj", "qy", "qx"):
+            e("z = sb + zo + it",
               "_s = S[z] + S[z + HWj]", "_m = S[z] - S[z + HWj]",
               "_t = S[z + 2 * HWj] + S[z + 3 * HWj]", "_n = S[z + 2 * HWj] - S[z + 3 * HWj]",
               "t = sb + zp + 2 * qy * Wp + 2 * qx",
@@ -426,26 +554,24 @@ def _emit_output_blocks(e: _Emitter, spec: PlaneSpec) -> None:
 
     A thread owns ``Q`` level-1 coefficient rows of one column, i.e. the
     ``2Q x 2`` output pixels they cover: the base convolution walks the input
-    columns of that window (each feeding two output columns through the
-    zero-padded tap table; the outermost columns, which feed one output column
-    only, are peeled so that no zero tap meets a NaN) and the level-1 synthesis
+    columns of that window, each feeding both output columns except the two
+    outermost ones (peeled), which feed one; no tap is ever multiplied by a
+    pixel outside its window, so a NaN cannot leak. The level-1 synthesis
     adds the coarse levels.
     """
     K, Q, T, SO = spec.kernel_size, spec.strip, spec.threads, spec.out_stride
-    R, KP = (K - 1) // 2, K + 2
+    R = (K - 1) // 2
     parities = (0, 1) if SO == 1 else (0,)
     rows = [2 * i + ey for i in range(Q) for ey in parities]  # output rows, rel. to 2*qy0
     t_lo, t_hi = min(rows) - R, max(rows) + R
     e(f"bias = S[sb + {bias_index(K, 0)} + {4 * K * K} * L]",
-      f"wpad = sb + {bias_index(K, 0) + 1} + {4 * K * K} * L",
       "H1 = (H + 1) // 2", "W1 = (W + 1) // 2",
       f"z1 = {_lvl(1, 'z')} if L > 0 else int64(0)",
       "HW1 = H1 * W1",
       "obase = plane * (Hout * Wout)",
-      f"nrb = (H1 + {Q - 1}) // {Q}",
-      f"for it in range(tid, nrb * W1, {T}):")
-    with e.indent():
-        e("rb = it // W1", "qx = it - rb * W1", f"qy0 = rb * {Q}",
+      f"nrb = (H1 + {Q - 1}) // {Q}")
+    with _DivmodLoop(e, "it", "tid", "nrb * W1", T, "W1", "rb", "qx"):
+        e(f"qy0 = rb * {Q}",
           f"rowbase = sb + src0 + (qy0 + {R}) * sp0")
         e(", ".join(f"acc{o}_{ex}" for o in rows for ex in parities) + " = "
           + ", ".join("fz" for _ in rows for _ in parities))
@@ -454,10 +580,10 @@ def _emit_output_blocks(e: _Emitter, spec: PlaneSpec) -> None:
             # Input column 2*qx + u feeds output column 2*qx + ex through tap
             # column u - ex + R; only the parities in `used` have that tap.
             e(f"colbase = rowbase + (({u}) & 1) * sph0 + qx + (({u}) >> 1) + {R}",
-              f"wu = wpad + ({u}) + {R + 1}")
+              f"wu = sb + ({u}) + {R}")
             for ex in used:
                 for dy in range(K):
-                    e(f"w{ex}_{dy} = S[wu + {dy * KP - ex}]")
+                    e(f"w{ex}_{dy} = S[wu + {dy * K - ex}]")
             for t in range(t_lo, t_hi + 1):
                 e(f"v = S[colbase + {(t & 1) * 2} * sph0 + {t >> 1} * sp0]")
                 for o in rows:
@@ -509,10 +635,9 @@ def _emit_output_generic(e: _Emitter, spec: PlaneSpec) -> None:
       "H1 = (H + 1) // 2", "W1 = (W + 1) // 2",
       f"z1 = {_lvl(1, 'z')} if L > 0 else int64(0)",
       "HW1 = H1 * W1",
-      "obase = plane * (Hout * Wout)",
-      f"for it in range(tid, Hout * Wout, {T}):")
-    with e.indent():
-        e("oy = it // Wout", "ox = it - oy * Wout", f"py = oy * {SO}", f"px = ox * {SO}",
+      "obase = plane * (Hout * Wout)")
+    with _DivmodLoop(e, "it", "tid", "Hout * Wout", T, "Wout", "oy", "ox"):
+        e(f"py = oy * {SO}", f"px = ox * {SO}",
           "acc = fz",
           f"for dy in range({K}):")
         with e.indent():
@@ -556,11 +681,9 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
           f"sph = {_lvl('j - 1', 'phase')}",
           f"Hj = {_lvl('j', 'Hj')}", f"Wj = {_lvl('j', 'Wj')}",
           f"srcn = {_lvl('j', 'src')} + xshift", f"spn = {_lvl('j', 'pitch')}",
-          f"sphn = {_lvl('j', 'phase')}",
-          f"for it in range(tid, Hj * Wj, {T}):")
-        with e.indent():
-            e("qy = it // Wj", "qx = it - qy * Wj",
-              f"p = sb + srcp + (qy + {R}) * spp + qx + {R}",
+          f"sphn = {_lvl('j', 'phase')}")
+        with _DivmodLoop(e, "it", "tid", "Hj * Wj", T, "Wj", "qy", "qx"):
+            e(f"p = sb + srcp + (qy + {R}) * spp + qx + {R}",
               f"S[sb + {_phase_index('srcn', 'spn', 'sphn', 'qy', 'qx', R)}] = "
               "f05 * ((S[p] + S[p + sph]) + (S[p + 2 * sph] + S[p + 3 * sph]))")
         e("cuda.syncthreads()")
@@ -767,7 +890,8 @@ def build(source: str, name: str):
     """Execute generated ``source`` and return the Python function ``name``.
 
     Every index of the on-chip buffers is first made unsigned (see
-    ``_unsigned_indices``); the source runs in a namespace holding ``np``,
+    ``_unsigned_indices``); under the simulator, which lacks ``syncwarp``,
+    warp barriers become block barriers. The source runs in a namespace holding ``np``,
     ``cuda``, the numba scalar types it uses and, if referenced, ``libdevice``.
 
     Parameters
@@ -792,6 +916,9 @@ def build(source: str, name: str):
     if "libdevice." in source:
         from numba.cuda import libdevice
         namespace["libdevice"] = libdevice
+    from .compiler import simulator_enabled
+    if simulator_enabled():  # the simulator has no syncwarp; a block barrier is stronger
+        source = source.replace("cuda.syncwarp()", "cuda.syncthreads()")
     code = compile(_unsigned_indices(source), f"<wtconv_cuda generated {name}>", "exec")
     exec(code, namespace)  # noqa: S102 - generated by this module
     return namespace[name]

@@ -69,7 +69,7 @@ def _storage_type(storage: str):
 
 
 def plane_signature(storage: str) -> tuple:
-    """Argument types of ``wtconv_plane`` (all raw pointers).
+    """Argument types of ``wtconv_plane``: raw pointers, then the header scalars.
 
     Parameters
     ----------
@@ -80,7 +80,9 @@ def plane_signature(storage: str) -> tuple:
     -------
     tuple of numba types
         Pointers to the storage type for ``src, out, xsrc, w0, b0, s0, ww,
-        ws``, to float32 for ``part, scratch`` and to int64 for ``geo``.
+        ws``, to float32 for ``part, scratch`` and to int64 for ``geo``, then
+        one int64 per header field
+        (:data:`wtconv_cuda.kernels.layout.HEADER_FIELDS`).
 
     Raises
     ------
@@ -91,8 +93,9 @@ def plane_signature(storage: str) -> tuple:
     st = types.CPointer(_storage_type(storage))
     f32 = types.CPointer(types.float32)
     i64 = types.CPointer(types.int64)
+    from .layout import HEADER_FIELDS
     #       src out xsrc w0  b0  s0  ww  ws  part scratch geo
-    return (st, st, st, st, st, st, st, st, f32, f32, i64)
+    return (st, st, st, st, st, st, st, st, f32, f32, i64) + (types.int64,) * len(HEADER_FIELDS)
 
 
 def finalize_signature(storage: str) -> tuple:

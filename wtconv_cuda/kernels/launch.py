@@ -20,9 +20,12 @@ import numpy as np
 
 from . import compiler
 from .codegen import FinalizeSpec, PlaneSpec
-from .layout import plane_layout, with_problem
+from .layout import HEADER_FIELDS, plane_layout, with_problem
 
 MAX_THREADS = 256  # per block; a block holds several planes when they are small
+#: Default ``.maxnreg``: two 256-thread blocks per multiprocessor. Left free,
+#: the driver's ptxas gave one variant 191 registers (half the occupancy).
+REGISTER_CAP = 128
 FINALIZE_THREADS = 128
 
 
@@ -100,14 +103,19 @@ class Tuning(NamedTuple):
         Register cap handed to ptxas; 0 leaves it free.
     planes_per_block : int or None
         Planes a block runs side by side. The default is
-        ``MAX_THREADS // threads``; with shared memory it is halved until the
-        planes' buffers fit.
+        ``MAX_THREADS // threads`` (1 from 128 threads up); with shared memory
+        it is halved until the planes' buffers fit.
+    warp_sync : bool or None
+        One warp per plane, synchronised with ``syncwarp`` (see
+        :class:`~wtconv_cuda.kernels.codegen.PlaneSpec`). The default is on
+        exactly when ``threads`` is 32.
     """
 
     threads: int | None = None
     strip: int | None = None
     max_registers: int | None = None
     planes_per_block: int | None = None
+    warp_sync: bool | None = None
 
 
 def default_tuning(problem: Problem, backward: bool) -> Tuning:
@@ -115,9 +123,10 @@ def default_tuning(problem: Problem, backward: bool) -> Tuning:
 
     ``benchmarks/tune.py`` sweeps these at the ConvNeXt-T stage shapes
     (56, 28, 14 and 7 pixels): large planes want 128 threads per plane and
-    4 coefficient rows per thread; small ones 32 threads, fewer rows and
-    several planes per block. A 64-register cap was 10-20% faster on small
-    planes but spills to local memory; it is left off.
+    4 coefficient rows per thread, one plane per block; small ones 32
+    threads (one warp per plane, see ``warp_sync``), fewer rows and several
+    planes per block. Registers are capped at `REGISTER_CAP`; a 64-register
+    cap spills 250+ bytes to local memory.
 
     Parameters
     ----------
@@ -130,13 +139,22 @@ def default_tuning(problem: Problem, backward: bool) -> Tuning:
     -------
     Tuning
         ``threads`` and ``strip`` from the level-1 grid size, ``max_registers``
-        0; ``planes_per_block`` is ``None`` (:func:`plan_plane` picks it).
+        `REGISTER_CAP`; ``planes_per_block`` 1 for 128 threads, else
+        ``MAX_THREADS // threads`` (:func:`plan_plane` halves it until the
+        planes fit); ``warp_sync`` ``None`` (on for 32 threads).
     """
     h1, w1 = -(-problem.height // 2), -(-problem.width // 2)
     strip = 4 if h1 >= 16 else (2 if h1 >= 6 else 1)
     area = h1 * w1
     threads = 128 if area >= 512 else (64 if area >= 128 else 32)
-    return Tuning(threads, strip, 0)
+    return Tuning(threads, strip, REGISTER_CAP, _default_group(threads))
+
+
+def _default_group(threads: int) -> int:
+    """Planes per block before the shared-memory fit: ``MAX_THREADS // threads``, but one
+    plane of 128 or more threads, whose barriers then hold back no other plane (measured
+    0.42 against 0.67 ms forward at 64x96x56x56, L5)."""
+    return 1 if threads >= 128 else max(1, MAX_THREADS // threads)
 
 
 class Launch(NamedTuple):
@@ -160,6 +178,9 @@ class Launch(NamedTuple):
     ntaps : int
         Weight-gradient entries per plane (see
         :class:`wtconv_cuda.kernels.layout.PlaneLayout`).
+    header : tuple of numpy.int64
+        The header of ``geo`` (``HEADER_FIELDS``), passed again as scalar
+        kernel arguments.
     """
 
     spec: PlaneSpec
@@ -169,6 +190,7 @@ class Launch(NamedTuple):
     scratch_floats: int
     geo: np.ndarray
     ntaps: int
+    header: tuple = ()
 
 
 @lru_cache(maxsize=1024)
@@ -179,8 +201,8 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
     The working set goes to shared memory when one plane's buffer fits in
     ``shared_limit`` bytes. A block then runs ``planes_per_block`` planes side
     by side, one thread group and one buffer slot each: by default
-    ``MAX_THREADS // threads`` planes (8, 4 or 2 at the default 32, 64 or 128
-    threads), halved until their slots fit in ``shared_limit``; the grid
+    ``MAX_THREADS // threads`` planes (8 or 4 at the default 32 or 64
+    threads; 1 from 128 threads up), halved until their slots fit in ``shared_limit``; the grid
     covers every plane. Otherwise the slots are in global scratch and the grid
     is at most ``max_slots // planes_per_block`` persistent blocks (at least
     one), which loop over the planes. Plans are cached (``lru_cache``).
@@ -215,21 +237,24 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
     planes = p.batch * p.channels
     slot_bytes = 4 * layout.slot_floats
     scratch = slot_bytes > shared_limit
-    group = tuning.planes_per_block or max(1, MAX_THREADS // threads)
+    group = tuning.planes_per_block or _default_group(threads)
     if not scratch:
         fits = max(1, shared_limit // slot_bytes)
         while group > fits:  # halve, keeping the group a power of two (fewer variants)
             group //= 2
+    warp_sync = threads == 32 if tuning.warp_sync is None else tuning.warp_sync
     spec = PlaneSpec(p.kernel_size, p.storage, in_stride, out_stride, backward, scratch,
-                     threads, strip, max_registers, group)
+                     threads, strip, max_registers, group, warp_sync)
     geo = with_problem(layout, p.channels, planes, p.has_bias)
     geo.setflags(write=False)  # shared by every call through the plan cache
+    header = tuple(np.int64(v) for v in geo[:len(HEADER_FIELDS)])
     blocks = -(-planes // group)
     if scratch:
         blocks = max(1, min(blocks, max_slots // group))
         return Launch(spec, blocks, threads * group, 0, blocks * group * layout.slot_floats,
-                      geo, layout.ntaps)
-    return Launch(spec, blocks, threads * group, group * slot_bytes, 0, geo, layout.ntaps)
+                      geo, layout.ntaps, header)
+    return Launch(spec, blocks, threads * group, group * slot_bytes, 0, geo, layout.ntaps,
+                  header)
 
 
 class CupyBackend:
@@ -484,7 +509,7 @@ def run_forward(backend, problem: Problem, x, y, weights: Weights,
     launch = plan_plane(problem, False, backend.shared_limit, backend.max_slots, tuning)
     geo = backend.table(launch.geo)
     scratch = backend.float32(launch.scratch_floats) if launch.scratch_floats else geo
-    args = (x, y, x, *weights, geo, scratch, geo)
+    args = (x, y, x, *weights, geo, scratch, geo, *launch.header)
     backend.call(backend.kernel(launch.spec), launch.grid, launch.block, args, launch.shared_bytes)
 
 
@@ -526,7 +551,7 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
     planes = problem.batch * problem.channels
     partial = backend.float32(planes * launch.ntaps)
     scratch = backend.float32(launch.scratch_floats) if launch.scratch_floats else geo
-    args = (dy, dx, x, *weights, partial, scratch, geo)
+    args = (dy, dx, x, *weights, partial, scratch, geo, *launch.header)
     backend.call(backend.kernel(launch.spec), launch.grid, launch.block, args, launch.shared_bytes)
 
     dims = backend.table(np.array([problem.batch, problem.channels, problem.levels,

@@ -134,29 +134,10 @@ def weight_region(kernel_size: int, levels: int) -> int:
     Returns
     -------
     int
-        ``(1 + 4L) K^2`` folded taps, the bias and the ``K x (K+2)`` padded
-        base taps, rounded up to a multiple of 4.
+        ``(1 + 4L) K^2`` folded taps and the bias, rounded up to a multiple
+        of 4.
     """
-    return _round_up(padded_base_index(kernel_size, levels) + kernel_size * (kernel_size + 2), 4)
-
-
-def padded_base_index(kernel_size: int, levels: int) -> int:
-    """Index of the zero-padded ``K x (K+2)`` copy of the base taps.
-
-    Parameters
-    ----------
-    kernel_size : int
-        Odd ``K``.
-    levels : int
-        Wavelet levels ``L``.
-
-    Returns
-    -------
-    int
-        Offset in float32 elements from the start of the folded-weight region:
-        ``bias_index(kernel_size, levels) + 1``.
-    """
-    return bias_index(kernel_size, levels) + 1
+    return _round_up(bias_index(kernel_size, levels) + 1, 4)
 
 
 def bias_index(kernel_size: int, levels: int) -> int:
