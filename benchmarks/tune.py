@@ -40,20 +40,35 @@ def main():
     parser.add_argument("--strips", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--regs", type=int, nargs="+", default=[0, 64])
     parser.add_argument("--groups", type=int, nargs="+", default=[0])
+    parser.add_argument("--warp-sync", nargs="+", default=["auto"], choices=["auto", "0", "1"],
+                        help="syncwarp groups: auto (on for 32 threads), 0 or 1")
+    parser.add_argument("--tunings", nargs="+", default=None, metavar="T:Q:REGS:G:WS",
+                        help="explicit tunings instead of the product of the lists above, "
+                             "e.g. 128:4:0:2:auto (0 = default for REGS and G)")
+    parser.add_argument("--heights", type=int, nargs="+", default=None,
+                        help="only the ConvNeXt-T stages of these plane heights")
     parser.add_argument("--k", type=int, default=5)
     args = parser.parse_args()
     backend = CupyBackend()
     k = args.k
-    tunings = [Tuning(t, s, r, g or None) for t, s, r, g in
-               itertools.product(args.threads, args.strips, args.regs, args.groups)]
+    shapes = [s for s in SHAPES if args.heights is None or s[2] in args.heights]
+    ws = {"auto": None, "0": False, "1": True}
+    if args.tunings:
+        fields = [t.split(":") for t in args.tunings]
+        tunings = [Tuning(int(t), int(q), int(r), int(g) or None, ws[w]) for t, q, r, g, w in fields]
+    else:
+        tunings = [Tuning(t, s, r, g or None, ws[w]) for t, s, r, g, w in
+                   itertools.product(args.threads, args.strips, args.regs, args.groups,
+                                     args.warp_sync)]
+        tunings = [t for t in tunings if not (t.warp_sync and t.threads != 32)]
     specs = set()
-    for (b, c, h, w, lv), tuning, backward in itertools.product(SHAPES, tunings, (False, True)):
+    for (b, c, h, w, lv), tuning, backward in itertools.product(shapes, tunings, (False, True)):
         problem = Problem(b, c, h, w, k, lv, 1, "float32", True)
         specs.add(plan_plane(problem, backward, backend.shared_limit, backend.max_slots, tuning).spec)
     compile_all(sorted(specs, key=repr), (9, 0), 16)
     rows = []
     rng = np.random.default_rng(0)
-    for b, c, h, w, lv in SHAPES:
+    for b, c, h, w, lv in shapes:
         problem = Problem(b, c, h, w, k, lv, 1, "float32", True)
         xs = [cupy.asarray(rng.standard_normal((b, c, h, w), dtype=np.float32)) for _ in range(3)]
         dys = [cupy.asarray(rng.standard_normal((b, c, h, w), dtype=np.float32)) for _ in range(3)]

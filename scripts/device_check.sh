@@ -10,6 +10,8 @@
 #   bindings   tests/gpu/test_bindings_gpu.py and test_reliability_gpu.py, plus
 #              benchmarks/binding_overhead.py                    (~2 min)
 #   ncu        DRAM bytes of one forward + backward at 64x96x56x56, L5, K5, fp32
+#   profile    ncu occupancy, warp states and stall reasons at 56x56 and 7x7
+#   tune       benchmarks/tune.py $TUNE_ARGS (launch-shape sweep)
 #   kernelbench  benchmarks/kernel_bench.py (kernel-level times, host overhead)
 #   bench      python -m wtconv_cuda.bench: the user-facing benchmark (~4 min)
 #   sanitizer  compute-sanitizer memcheck + racecheck (scripts/sanitizer.sh)
@@ -83,6 +85,26 @@ for r in body:
 EOF
 }
 
+run_profile() {
+  echo "== where the time goes (ncu: occupancy, warp states, stall reasons)"
+  local shape tag
+  for shape in "64 96 56 56 5 5" "64 768 7 7 2 5"; do
+    tag=${shape// /x}
+    ncu --launch-skip 3 --launch-count 2 --kernel-name regex:wtconv_plane \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section SchedulerStats --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active \
+      --csv --page details python3 benchmarks/ncu_target.py $shape \
+      >"$OUT/profile_$tag.csv" 2>"$OUT/profile_$tag.err"
+    python3 benchmarks/profile_summary.py "$OUT/profile_$tag.csv" "$tag"
+  done 2>&1 | tee "$OUT/profile_summary.txt"
+}
+
+run_tune() {
+  echo "== launch-shape sweep (benchmarks/tune.py ${TUNE_ARGS:-})"
+  timeout 420 python3 benchmarks/tune.py --json "$OUT/tune.json" ${TUNE_ARGS:-} 2>&1 \
+    | tee "$OUT/tune.log"
+}
+
 run_kernelbench() {
   echo "== kernel benchmark"
   timeout 300 python3 benchmarks/kernel_bench.py --json "$OUT/kernel_bench.json" 2>&1 \
@@ -103,7 +125,7 @@ run_sanitizer() {
 
 for phase in "${phases[@]}"; do
   case "$phase" in
-    kernels|bindings|ncu|kernelbench|bench|sanitizer) "run_$phase" || status=1 ;;
+    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer) "run_$phase" || status=1 ;;
     *) echo "unknown phase: $phase"; status=2 ;;
   esac
 done
