@@ -90,7 +90,7 @@ run_profile() {
   local shape tag
   for shape in "64 96 56 56 5 5" "64 768 7 7 2 5"; do
     tag=${shape// /x}
-    ncu --launch-skip 3 --launch-count 2 --kernel-name regex:wtconv_plane \
+    ncu --launch-skip 2 --launch-count 2 --kernel-name regex:wtconv_plane \
       --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
       --section SchedulerStats --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active \
       --csv --page details python3 benchmarks/ncu_target.py $shape \

@@ -1,6 +1,7 @@
 """Forward and backward on a few shapes, for compute-sanitizer (scripts/sanitizer.sh).
 
-Covers the shared-memory variant (several planes per block), the global
+Covers the shared-memory variant (several one-warp planes per block with
+warp barriers, and one 128-thread plane per block), the global
 scratch variant (persistent blocks over planes), strides 1, 2 and 3, float32
 and float16, and levels deeper than the image. Every output is poisoned with
 NaN first and compared with the float64 oracle; the exit status is non-zero
@@ -22,6 +23,7 @@ CASES = [  # (B, C, H, W), K, L, stride, storage, scratch
     ((2, 3, 17, 23), 3, 2, 1, "float32", False),
     ((2, 2, 9, 7), 5, 3, 2, "float16", False),
     ((1, 2, 3, 2), 3, 4, 1, "float32", False),
+    ((1, 2, 48, 46), 5, 3, 1, "float32", False),  # 128 threads, one plane per block
     ((3, 2, 33, 31), 3, 2, 1, "float32", True),
     ((2, 3, 20, 18), 5, 2, 3, "float32", True),
     ((1, 5, 64, 64), 5, 4, 1, "float16", True),
