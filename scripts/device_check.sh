@@ -4,9 +4,10 @@
 #   bash scripts/device_check.sh [PHASE ...]
 #
 # Phases (default: kernels ncu):
-#   kernels    compile the variants the oracle sweep needs (16 processes), then
+#   kernels    compile the variants the oracle sweep needs (all cores), then
 #              tests/gpu/test_gpu_kernels.py: every shape x L 0..6 x K x stride x
-#              fp32/fp16/bf16 against the float64 oracle        (~5 min at 4 K)
+#              fp32/fp16/bf16 against the float64 oracle, the kernel sizes dealt
+#              out over the GPUs                     (~5 min at 4 K on one GPU)
 #   bindings   tests/gpu/test_bindings_gpu.py and test_reliability_gpu.py, plus
 #              benchmarks/binding_overhead.py                    (~2 min)
 #   ncu        DRAM bytes of one forward + backward at 64x96x56x56, L5, K5, fp32
@@ -45,14 +46,31 @@ phases=("$@")
 
 run_kernels() {
   echo "== compile kernel variants (K = $TEST_KS)"
-  local report=()
+  local report=() jobs
+  jobs=$(nproc); [ "$jobs" -gt 32 ] && jobs=32
   [ "${REPORT:-0}" = 1 ] && report=(--report "$OUT/kernels.json")
-  python3 -m wtconv_cuda.kernels.warmup --kernel-sizes ${TEST_KS//,/ } --strides 1 2 --jobs 16 \
+  python3 -m wtconv_cuda.kernels.warmup --kernel-sizes ${TEST_KS//,/ } --strides 1 2 --jobs "$jobs" \
     --planes 17x23 56x56 255x257 1x7 "${report[@]}" 2>&1 | tee "$OUT/warmup.log" | tail -n 5
-  echo "== oracle sweep on the GPU (K = $TEST_KS)"
-  WTCONV_TEST_GPU=1 WTCONV_TEST_KS=$TEST_KS timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -q -x \
-    -n 8 -p no:cacheprovider -p no:benchmark tests/gpu/test_gpu_kernels.py \
-    2>&1 | tee "$OUT/gpu_tests.log" | tail -n 5
+  # One pytest process per GPU, the kernel sizes dealt out round robin.
+  local ngpu ks i pids=() rc=0
+  ngpu=$(nvidia-smi -L | grep -c '^GPU')
+  [ "$ngpu" -ge 1 ] || ngpu=1
+  IFS=, read -ra ks <<<"$TEST_KS"
+  for ((i = 0; i < ngpu && i < ${#ks[@]}; i++)); do
+    local mine=() j
+    for ((j = i; j < ${#ks[@]}; j += ngpu)); do mine+=("${ks[j]}"); done
+    local list; list=$(IFS=,; echo "${mine[*]}")
+    echo "== oracle sweep on GPU $i (K = $list)"
+    CUDA_VISIBLE_DEVICES=$i WTCONV_TEST_GPU=1 WTCONV_TEST_KS=$list timeout "${TEST_TIMEOUT:-420}" \
+      python3 -m pytest -q -x -n 8 -p no:cacheprovider -p no:benchmark \
+      tests/gpu/test_gpu_kernels.py >"$OUT/gpu_tests_gpu$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}" || rc=1
+    tail -n 3 "$OUT/gpu_tests_gpu$i.log"
+  done
+  return $rc
 }
 
 run_bindings() {
