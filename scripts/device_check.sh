@@ -16,6 +16,8 @@
 #   kernelbench  benchmarks/kernel_bench.py (kernel-level times, host overhead)
 #   bench      python -m wtconv_cuda.bench: the user-facing benchmark (~4 min)
 #   sanitizer  compute-sanitizer memcheck + racecheck (scripts/sanitizer.sh)
+#   wtconvnext benchmarks/wtconvnext.py throughput ($E2E_ARGS) and sanity (~7 min)
+#   ddp        benchmarks/ddp_check.py: DDP over every GPU vs one process (~1 min)
 #
 # Knobs: TEST_KS (kernel sizes of the sweep, default 3,5,7,9), REPORT=1 (load
 # every compiled variant and record registers and local memory: ~1 s a kernel).
@@ -123,6 +125,26 @@ run_tune() {
     | tee "$OUT/tune.log"
 }
 
+run_wtconvnext() {
+  echo "== WTConvNeXt-T end to end (benchmarks/wtconvnext.py): throughput, then the sanity run"
+  timeout 420 python3 benchmarks/wtconvnext.py throughput --json "$OUT/wtconvnext_throughput.json" \
+    ${E2E_ARGS:-} >"$OUT/wtconvnext_throughput.log" 2>&1
+  local rc=$?
+  tail -n 30 "$OUT/wtconvnext_throughput.log"
+  timeout 150 python3 benchmarks/wtconvnext.py sanity --json "$OUT/wtconvnext_sanity.json" \
+    >"$OUT/wtconvnext_sanity.log" 2>&1 || rc=1
+  tail -n 8 "$OUT/wtconvnext_sanity.log"
+  return $rc
+}
+
+run_ddp() {
+  echo "== DistributedDataParallel gradients against one process (benchmarks/ddp_check.py)"
+  timeout 200 python3 benchmarks/ddp_check.py --json "$OUT/ddp_check.json" >"$OUT/ddp_check.log" 2>&1
+  local rc=$?
+  tail -n 15 "$OUT/ddp_check.log"
+  return $rc
+}
+
 run_kernelbench() {
   echo "== kernel benchmark"
   timeout 300 python3 benchmarks/kernel_bench.py --json "$OUT/kernel_bench.json" 2>&1 \
@@ -143,7 +165,8 @@ run_sanitizer() {
 
 for phase in "${phases[@]}"; do
   case "$phase" in
-    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer) "run_$phase" || status=1 ;;
+    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp)
+      "run_$phase" || status=1 ;;
     *) echo "unknown phase: $phase"; status=2 ;;
   esac
 done
