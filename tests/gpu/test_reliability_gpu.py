@@ -572,15 +572,13 @@ def test_disk_cache_survives_a_restart(tmp_path):
     print(f"cold {t1:.1f} s, warm {t2:.1f} s")
 
 
-def test_corrupted_cache_entry_raises_compile_error_quickly(tmp_path, monkeypatch):
+def test_corrupted_cache_entry_is_rebuilt(tmp_path, monkeypatch):
+    """A corrupted cached PTX file is compiled again instead of reaching the driver."""
     monkeypatch.setenv("WTCONV_CUDA_CACHE", str(tmp_path))
     spec = PlaneSpec(3, "float32", threads=64, strip=3, planes_per_block=1)  # never planned
     compiler.gpu_kernel(spec, 0)  # compiles into the empty cache folder and loads
     (ptx,) = tmp_path.glob("*.ptx")
     ptx.write_text("this is not PTX\n")
     monkeypatch.delitem(compiler._loaded, ("gpu", spec, 0))
-    start = time.monotonic()
-    with pytest.raises(compiler.CompileError, match=r"loading PlaneSpec\(kernel_size=3"):
-        compiler.gpu_kernel(spec, 0)
-    assert time.monotonic() - start < 60
-    assert ("gpu", spec, 0) not in compiler._loaded
+    assert compiler.gpu_kernel(spec, 0) is not None
+    assert ".entry" in ptx.read_text()

@@ -61,3 +61,27 @@ def test_large_kernel_compiles(tmp_path):
         specs = [PlaneSpec(15, "float32", 1, 1, bwd, False, 32, 1, 0, 8) for bwd in (False, True)]
     """)
     assert compile_in_subprocess(tmp_path, code) == len(list(tmp_path.glob("*.ptx"))) == 2
+
+
+def test_corrupted_cache_entry_is_compiled_again(tmp_path):
+    """A cached PTX file that no longer declares its entry is rebuilt, not handed to the
+    driver."""
+    code = textwrap.dedent("""
+        from wtconv_cuda.kernels.codegen import FinalizeSpec
+        from wtconv_cuda.kernels.compiler import cached_ptx
+        spec = FinalizeSpec(1, "float32")
+        path, entry = cached_ptx(spec, (9, 0))
+        path.write_text("this is not PTX\\n")
+        again, entry_again = cached_ptx(spec, (9, 0))  # (numba numbers each compile: new name)
+        assert again == path
+        assert f".entry {entry_again}" in path.read_text()
+        print("healed")
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["WTCONV_CUDA_CACHE"] = str(tmp_path)
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2]) + os.pathsep + env.get(
+        "PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith("healed")

@@ -221,7 +221,9 @@ def cached_ptx(spec, cc: tuple[int, int]) -> tuple[Path, str]:
 
     The cache key hashes the ABI version, the spec, the generated source, the
     signature, ``cc`` and the numba and numba-cuda versions. Files are written
-    atomically, so concurrent processes may share the folder.
+    atomically, so concurrent processes may share the folder. A cached file
+    that does not declare its recorded entry (corrupted or truncated by
+    something else) is compiled and written again.
 
     Parameters
     ----------
@@ -248,7 +250,13 @@ def cached_ptx(spec, cc: tuple[int, int]) -> tuple[Path, str]:
     path = folder / f"{key}.ptx"
     entry_path = folder / f"{key}.entry"
     if path.exists() and entry_path.exists():
-        return path, entry_path.read_text().strip()
+        entry = entry_path.read_text().strip()
+        try:
+            intact = bool(entry) and f".entry {entry}" in path.read_text(errors="replace")
+        except OSError:
+            intact = False
+        if intact:
+            return path, entry
     ptx, entry = compile_ptx(spec, cc)
     # Write atomically so concurrent processes never read a torn file.
     for target, text in ((path, ptx), (entry_path, entry)):
