@@ -103,8 +103,8 @@ class Tuning(NamedTuple):
         Register cap handed to ptxas; 0 leaves it free.
     planes_per_block : int or None
         Planes a block runs side by side. The default is
-        ``MAX_THREADS // threads`` (1 from 128 threads up); with shared memory
-        it is halved until the planes' buffers fit.
+        8 planes of 32 threads, else ``128 // threads`` (at least 1); with
+        shared memory it is halved until the planes' buffers fit.
     warp_sync : bool or None
         One warp per plane, synchronised with ``syncwarp`` (see
         :class:`~wtconv_cuda.kernels.codegen.PlaneSpec`). The default is on
@@ -139,9 +139,9 @@ def default_tuning(problem: Problem, backward: bool) -> Tuning:
     -------
     Tuning
         ``threads`` and ``strip`` from the level-1 grid size, ``max_registers``
-        `REGISTER_CAP`; ``planes_per_block`` 1 for 128 threads, else
-        ``MAX_THREADS // threads`` (:func:`plan_plane` halves it until the
-        planes fit); ``warp_sync`` ``None`` (on for 32 threads).
+        `REGISTER_CAP`; ``planes_per_block`` 8, 2 and 1 for 32, 64 and 128
+        threads (:func:`plan_plane` halves it until the planes fit);
+        ``warp_sync`` ``None`` (on for 32 threads).
     """
     h1, w1 = -(-problem.height // 2), -(-problem.width // 2)
     strip = 4 if h1 >= 16 else (2 if h1 >= 6 else 1)
@@ -151,10 +151,17 @@ def default_tuning(problem: Problem, backward: bool) -> Tuning:
 
 
 def _default_group(threads: int) -> int:
-    """Planes per block before the shared-memory fit: ``MAX_THREADS // threads``, but one
-    plane of 128 or more threads, whose barriers then hold back no other plane (measured
-    0.42 against 0.67 ms forward at 64x96x56x56, L5)."""
-    return 1 if threads >= 128 else max(1, MAX_THREADS // threads)
+    """Planes per block before the shared-memory fit.
+
+    Planes that share a block also share its barriers, so a block holds at most
+    128 threads of planes that synchronise with block barriers: one plane of 128
+    threads (0.39 against 0.43 ms forward at 64x96x56x56, L5, H200), two of 64
+    (0.28 against 0.31 ms at 64x192x28x28, L4). Warp-synchronous planes of 32
+    threads wait only for themselves: ``MAX_THREADS // 32`` of them.
+    """
+    if threads == 32:
+        return MAX_THREADS // 32
+    return max(1, 128 // threads)
 
 
 class Launch(NamedTuple):
@@ -200,10 +207,9 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
 
     The working set goes to shared memory when one plane's buffer fits in
     ``shared_limit`` bytes. A block then runs ``planes_per_block`` planes side
-    by side, one thread group and one buffer slot each: by default
-    ``MAX_THREADS // threads`` planes (8 or 4 at the default 32 or 64
-    threads; 1 from 128 threads up), halved until their slots fit in ``shared_limit``; the grid
-    covers every plane. Otherwise the slots are in global scratch and the grid
+    by side, one thread group and one buffer slot each: by default 8, 2 or 1
+    planes at 32, 64 or 128 threads per plane, halved until their slots fit
+    in ``shared_limit``; the grid covers every plane. Otherwise the slots are in global scratch and the grid
     is at most ``max_slots // planes_per_block`` persistent blocks (at least
     one), which loop over the planes. Plans are cached (``lru_cache``).
 
