@@ -631,15 +631,9 @@ def precompile_kernels(image_size: int, levels=STAGE_LEVELS, storages=("float32"
     jobs = jobs or min(os.cpu_count() or 1, 16)
     cmd = [sys.executable, str(Path(__file__).resolve()), "precompile", "--planes", *pairs,
            "--storage", *storages, "--cc", f"{major}.{minor}", "--jobs", str(jobs)]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return f"kernel precompilation timed out after {timeout:.0f} s (compiling on first use)"
-    lines = (done.stdout + done.stderr).strip().splitlines()
-    last = lines[-1] if lines else ""
-    if done.returncode != 0:
-        return f"kernel precompilation failed (exit {done.returncode}): {last[:300]}"
-    return last
+    from wtconv_cuda.kernels.warmup import run_compile_subprocess
+
+    return run_compile_subprocess(cmd, timeout)
 
 
 def exact_numerics() -> dict:

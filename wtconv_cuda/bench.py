@@ -232,15 +232,9 @@ def precompile(configs, dtypes, jobs: int, timeout: float) -> str:
     package_root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = package_root + (os.pathsep + env["PYTHONPATH"]
                                         if env.get("PYTHONPATH") else "")
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return f"kernel precompilation timed out after {timeout:.0f} s (compiling on first use)"
-    lines = (done.stdout + done.stderr).strip().splitlines()
-    last = lines[-1] if lines else ""
-    if done.returncode != 0:
-        return f"kernel precompilation failed (exit {done.returncode}): {last[:300]}"
-    return last
+    from .kernels.warmup import run_compile_subprocess
+
+    return run_compile_subprocess(cmd, timeout, env)
 
 
 def _cpu_main(args, torch) -> int:

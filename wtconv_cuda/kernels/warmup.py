@@ -108,6 +108,40 @@ def compile_all(specs, cc, jobs: int) -> list:
         return list(pool.map(_compile_one, work))
 
 
+def run_compile_subprocess(cmd, timeout: float, env=None) -> str:
+    """Run a compile command (e.g. this module's CLI) in a fresh interpreter.
+
+    A separate process never shares the caller's CUDA state. Failure or a
+    timeout is reported, not raised: the kernels then compile on first use.
+
+    Parameters
+    ----------
+    cmd : list of str
+        The command line.
+    timeout : float
+        Seconds before giving up.
+    env : dict, optional
+        Environment of the subprocess (default: inherited).
+
+    Returns
+    -------
+    str
+        One line saying what happened: the command's last output line on
+        success.
+    """
+    import subprocess
+
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return f"kernel precompilation timed out after {timeout:.0f} s (compiling on first use)"
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    last = lines[-1] if lines else ""
+    if done.returncode != 0:
+        return f"kernel precompilation failed (exit {done.returncode}): {last[:300]}"
+    return last
+
+
 def kernel_report(specs, device_id: int = 0) -> list[dict]:
     """Load each spec on the GPU and read its resource usage.
 
