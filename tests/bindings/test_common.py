@@ -121,7 +121,10 @@ def test_launcher_passes_pointers_stream_and_keeps_buffers(shared_limit):
     assert call["args"][:3] == (x, y, x) and call["args"][3:8] == tuple(weights)
     assert (call["grid"], call["block"], call["shared_mem"]) == ((plan.grid,), (plan.block,),
                                                                 plan.shared_bytes)
-    assert all(isinstance(a, np.uint64) for a in call["args"])
+    pointer_args, header_args = call["args"][:11], call["args"][11:]
+    assert all(isinstance(a, np.uint64) for a in pointer_args)
+    assert all(isinstance(a, np.int64) for a in header_args)
+    assert header_args == plan.header == tuple(plan.geo[:len(header_args)])
     assert len(launcher.keep) == (1 if plan.scratch_floats else 0)
     assert len(tables) == 1 and np.array_equal(tables[0], plan.geo)
 

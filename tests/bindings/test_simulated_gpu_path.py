@@ -74,7 +74,8 @@ def simulated(monkeypatch):
     device = _common.DeviceKernels(0, backend=backend)
 
     def call(self, kernel, grid, block, args, shared_bytes):
-        arrays = [registry.arrays[int(a)] for a in args]
+        # Pointers (numpy.uint64) map back to their arrays; scalars pass as they are.
+        arrays = [registry.arrays[int(a)] if isinstance(a, np.uint64) else a for a in args]
         backend.call(kernel, grid, block, arrays, shared_bytes)
 
     monkeypatch.setattr(_common.PointerLauncher, "call", call)
