@@ -141,18 +141,27 @@ class _DivmodLoop:
         self.e, self.var, self.start, self.stop, self.step = e, var, start, stop, step
         self.d, self.hi, self.lo = d, hi, lo
 
-    def __enter__(self) -> None:
-        e, d, hi, lo = self.e, self.d, self.hi, self.lo
-        e(f"{hi} = ({self.start}) // {d}", f"{lo} = ({self.start}) - {hi} * {d}",
-          f"{hi}_step = {self.step} // {d}", f"{lo}_step = {self.step} - {hi}_step * {d}",
-          f"for {self.var} in range({self.start}, {self.stop}, {self.step}):")
-        e.depth += 1
+    @staticmethod
+    def setup(e: "_Emitter", start: str, step, d: str, hi: str, lo: str) -> None:
+        """Emit ``hi, lo = divmod(start, d)`` and their steps for an index step of ``step``
+        (``start``: a name or a parenthesised expression)."""
+        e(f"{hi} = {start} // {d}", f"{lo} = {start} - {hi} * {d}",
+          f"{hi}_step = {step} // {d}", f"{lo}_step = {step} - {hi}_step * {d}")
 
-    def __exit__(self, *exc) -> None:
-        e, d, hi, lo = self.e, self.d, self.hi, self.lo
+    @staticmethod
+    def advance(e: "_Emitter", d: str, hi: str, lo: str) -> None:
+        """Emit one step of ``hi, lo`` (the remainder carries into the quotient)."""
         e(f"{hi} += {hi}_step", f"{lo} += {lo}_step", f"if {lo} >= {d}:",
           f"    {lo} -= {d}", f"    {hi} += 1")
-        e.depth -= 1
+
+    def __enter__(self) -> None:
+        self.setup(self.e, f"({self.start})", self.step, self.d, self.hi, self.lo)
+        self.e(f"for {self.var} in range({self.start}, {self.stop}, {self.step}):")
+        self.e.depth += 1
+
+    def __exit__(self, *exc) -> None:
+        self.advance(self.e, self.d, self.hi, self.lo)
+        self.e.depth -= 1
 
 
 def _load(storage: str, expr: str) -> str:
@@ -323,10 +332,9 @@ def _emit_plane_load(e: _Emitter, spec: PlaneSpec, array: str, base: str, rows: 
     T, U = spec.threads, LOAD_UNROLL
     R = (spec.kernel_size - 1) // 2
     e(f"gbase = {base}", f"count = {rows} * {cols}", f"ncols = {cols}",
-      "# (iy, ix) of element i, stepped by T (see _DivmodLoop)",
-      "iy = tid // ncols", "ix = tid - iy * ncols",
-      f"iy_step = {T} // ncols", f"ix_step = {T} - iy_step * ncols",
-      f"for i0 in range(tid, count, {T * U}):")
+      "# (iy, ix) of element i, stepped by T (see _DivmodLoop)")
+    _DivmodLoop.setup(e, "tid", T, "ncols", "iy", "ix")
+    e(f"for i0 in range(tid, count, {T * U}):")
     with e.indent():
         for u in range(U):
             e(f"v{u} = {_load(spec.storage, f'{array}[gbase + i0 + {u * T}]')} "
@@ -336,8 +344,7 @@ def _emit_plane_load(e: _Emitter, spec: PlaneSpec, array: str, base: str, rows: 
             with e.indent():
                 e(f"S[sb + {_phase_index(grid, 'sp0', 'sph0', f'iy * {stride}', f'ix * {stride}', R)}]"
                   f" = v{u}")
-            e("iy += iy_step", "ix += ix_step", "if ix >= ncols:",
-              "    ix -= ncols", "    iy += 1")
+            _DivmodLoop.advance(e, "ncols", "iy", "ix")
 
 
 def _emit_fold_weights(e: _Emitter, spec: PlaneSpec) -> None:
