@@ -18,6 +18,8 @@
 #   sanitizer  compute-sanitizer memcheck + racecheck (scripts/sanitizer.sh)
 #   wtconvnext benchmarks/wtconvnext.py throughput ($E2E_ARGS) and sanity (~7 min)
 #   ddp        benchmarks/ddp_check.py: DDP over every GPU vs one process (~1 min)
+#   hostprofile  benchmarks/host_profile.py: host cost of the torch training path,
+#              piece by piece, and a cProfile of it                 (~1 min)
 #
 # Knobs: TEST_KS (kernel sizes of the sweep, default 3,5,7,9), REPORT=1 (load
 # every compiled variant and record registers and local memory: ~1 s a kernel).
@@ -145,6 +147,14 @@ run_ddp() {
   return $rc
 }
 
+run_hostprofile() {
+  echo "== host cost of the torch training path (benchmarks/host_profile.py)"
+  timeout 300 python3 benchmarks/host_profile.py >"$OUT/host_profile.txt" 2>&1
+  local rc=$?
+  head -n 16 "$OUT/host_profile.txt"
+  return $rc
+}
+
 run_kernelbench() {
   echo "== kernel benchmark"
   timeout 300 python3 benchmarks/kernel_bench.py --json "$OUT/kernel_bench.json" 2>&1 \
@@ -165,7 +175,7 @@ run_sanitizer() {
 
 for phase in "${phases[@]}"; do
   case "$phase" in
-    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp)
+    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile)
       "run_$phase" || status=1 ;;
     *) echo "unknown phase: $phase"; status=2 ;;
   esac

@@ -1,0 +1,114 @@
+"""Where the host time of a PyTorch training step goes, piece by piece.
+
+On a tiny problem the GPU work is a few microseconds, so each timing below is
+the host cost of one piece of the ``WTConv2d`` training path: the module's
+weight views, the custom ops, the autograd machinery, and the raw kernel
+launches underneath. A cProfile of the whole step (backward on the calling
+thread, so the profiler sees it) follows the table.
+
+    python benchmarks/host_profile.py --calls 500 > host_profile.txt
+
+Prints a table of microseconds per call, then the profile's top entries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+
+import numpy as np
+
+
+def per_call_us(fn, calls, sync):
+    """Host microseconds per call of ``fn`` (queued back to back), and with the final sync."""
+    for _ in range(20):
+        fn()
+    sync()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    queued = time.perf_counter()
+    sync()
+    done = time.perf_counter()
+    return (queued - start) / calls * 1e6, (done - start) / calls * 1e6
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=500)
+    parser.add_argument("--shape", type=int, nargs=4, default=(1, 8, 16, 16), metavar="BCHW")
+    parser.add_argument("--levels", type=int, default=1)
+    parser.add_argument("--kernel-size", type=int, default=5)
+    parser.add_argument("--top", type=int, default=45)
+    args = parser.parse_args(argv)
+
+    import torch
+
+    import wtconv_cuda as wt
+    from wtconv_cuda.bindings import torch as wttorch
+
+    b, c, h, w = args.shape
+    k, levels = args.kernel_size, args.levels
+    dev = torch.device("cuda", 0)
+    weights = wt.init_weights(c, k, levels, seed=0, dtype=np.float32)
+    layer = wttorch.WTConv2d.from_weights(weights).to(dev)
+    x = torch.randn(b, c, h, w, device=dev)
+    x_grad = x.clone().requires_grad_()
+    dy = torch.randn(b, c, h, w, device=dev)
+    conv = torch.nn.Conv2d(c, c, 7, padding=3, groups=c).to(dev)
+    with torch.no_grad():
+        kw = tuple(layer.kernel_weights())
+    sizes = wttorch._check_tensors(x, *kw, 1)
+
+    def train():
+        layer(x_grad).backward(dy)
+
+    def train_conv():
+        conv(x_grad).backward(dy)
+
+    pieces = {}
+    sync = torch.cuda.synchronize
+
+    def add(name, fn):
+        pieces[name] = per_call_us(fn, args.calls, sync)
+
+    with torch.no_grad():
+        add("module kernel_weights() (no grad)", layer.kernel_weights)
+        add("impl _forward_cuda", lambda: wttorch._forward_cuda(x, *kw, 1, sizes))
+        add("impl _backward_cuda", lambda: wttorch._backward_cuda(dy, x, *kw, 1, sizes))
+        add("op wtconv2d_fwd", lambda: torch.ops.wtconv_cuda.wtconv2d_fwd(x, *kw, 1))
+        add("op wtconv2d_bwd", lambda: torch.ops.wtconv_cuda.wtconv2d_bwd(dy, x, *kw, 1))
+        add("module forward (no grad)", lambda: layer(x))
+    add("module kernel_weights() (grad)", layer.kernel_weights)
+    add("module forward (grad, graph built)", lambda: layer(x_grad))
+    add("module forward + backward", train)
+    torch.autograd.set_multithreading_enabled(False)
+    add("module forward + backward, backward on this thread", train)
+    torch.autograd.set_multithreading_enabled(True)
+    add("depthwise 7x7 forward + backward (reference)", train_conv)
+
+    print(f"shape {args.shape}, K {k}, L {levels}, {torch.cuda.get_device_name(dev)}, "
+          f"torch {torch.__version__}")
+    print(f"{'piece':58s} {'host us':>9s} {'wall us':>9s}")
+    for name, (host, wall) in pieces.items():
+        print(f"{name:58s} {host:9.1f} {wall:9.1f}")
+
+    torch.autograd.set_multithreading_enabled(False)
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(200):
+        train()
+    sync()
+    profile.disable()
+    torch.autograd.set_multithreading_enabled(True)
+    for key in ("tottime", "cumulative"):
+        stream = io.StringIO()
+        pstats.Stats(profile, stream=stream).sort_stats(key).print_stats(args.top)
+        print(f"\n== cProfile of 200 training steps, by {key}\n{stream.getvalue()}")
+
+
+if __name__ == "__main__":
+    main()
