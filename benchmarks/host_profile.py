@@ -69,6 +69,21 @@ def main(argv=None):
     def train_conv():
         conv(x_grad).backward(dy)
 
+    def train_ops():
+        torch.ops.wtconv_cuda.wtconv2d_fwd(x_grad, *layer.kernel_weights(), 1).backward(dy)
+
+    class Identity(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t.view_as(t)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    def trivial():
+        Identity.apply(x_grad).backward(dy)
+
     pieces = {}
     sync = torch.cuda.synchronize
 
@@ -85,16 +100,24 @@ def main(argv=None):
     add("module kernel_weights() (grad)", layer.kernel_weights)
     add("module forward (grad, graph built)", lambda: layer(x_grad))
     add("module forward + backward", train)
+    add("custom ops forward + backward (the torch.compile path, eager)", train_ops)
+    add("trivial Python autograd.Function forward + backward", trivial)
     torch.autograd.set_multithreading_enabled(False)
     add("module forward + backward, backward on this thread", train)
+    add("trivial Function forward + backward, on this thread", trivial)
     torch.autograd.set_multithreading_enabled(True)
     add("depthwise 7x7 forward + backward (reference)", train_conv)
 
     print(f"shape {args.shape}, K {k}, L {levels}, {torch.cuda.get_device_name(dev)}, "
           f"torch {torch.__version__}")
-    print(f"{'piece':58s} {'host us':>9s} {'wall us':>9s}")
+    from wtconv_cuda.bindings import _common
+
+    handles = _common.device_kernels(0)._handles
+    print(f"direct cuLaunchKernel handles: {sum(h is not None for h in handles.values())} of "
+          f"{len(handles)} kernels")
+    print(f"{'piece':66s} {'host us':>9s} {'wall us':>9s}")
     for name, (host, wall) in pieces.items():
-        print(f"{name:58s} {host:9.1f} {wall:9.1f}")
+        print(f"{name:66s} {host:9.1f} {wall:9.1f}")
 
     torch.autograd.set_multithreading_enabled(False)
     profile = cProfile.Profile()

@@ -9,7 +9,7 @@
 #              fp32/fp16/bf16 against the float64 oracle, the kernel sizes dealt
 #              out over the GPUs                     (~5 min at 4 K on one GPU)
 #   bindings   tests/gpu/test_bindings_gpu.py and test_reliability_gpu.py, plus
-#              benchmarks/binding_overhead.py                    (~2 min)
+#              benchmarks/binding_overhead.py (~2 min; ~5 on a cold kernel cache)
 #   ncu        DRAM bytes of one forward + backward at 64x96x56x56, L5, K5, fp32
 #   profile    ncu occupancy, warp states and stall reasons at 56x56 and 7x7
 #   tune       benchmarks/tune.py $TUNE_ARGS (launch-shape sweep)
@@ -79,7 +79,12 @@ run_kernels() {
 
 run_bindings() {
   echo "== bindings and reliability on the GPU"
-  WTCONV_TEST_GPU=1 timeout 300 python3 -m pytest -q -p no:cacheprovider -p no:benchmark \
+  # A fresh machine has an empty kernel cache: compile the test cases' variants
+  # on every core first, or pytest compiles them one at a time.
+  local jobs; jobs=$(nproc); [ "$jobs" -gt 32 ] && jobs=32
+  python3 -m wtconv_cuda.kernels.warmup --kernel-sizes 3 5 7 --strides 1 2 --jobs "$jobs" \
+    --planes 17x23 56x56 255x257 1x7 14x14 64x64 96x96 16x16 2>&1 | tail -n 2
+  WTCONV_TEST_GPU=1 timeout 420 python3 -m pytest -q -rfE -p no:cacheprovider -p no:benchmark \
     tests/gpu/test_bindings_gpu.py tests/gpu/test_reliability_gpu.py \
     2>&1 | tee "$OUT/gpu_bindings.log" | tail -n 15
   timeout 120 python3 benchmarks/binding_overhead.py >"$OUT/binding_overhead.json" \

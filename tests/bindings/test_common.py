@@ -160,3 +160,51 @@ def test_device_kernels_table_is_created_once_per_value():
     b = device.table(np.array([1, 2, 3], dtype=np.int64), make)
     c = device.table(np.array([1, 2, 4], dtype=np.int64), make)
     assert a == b == np.uint64(1235) and c == np.uint64(1236) and len(made) == 2
+
+
+# ---------------------------------------------------------------------------
+# Direct cuLaunchKernel launches
+# ---------------------------------------------------------------------------
+
+
+def test_driver_launch_passes_every_parameter_as_8_bytes(monkeypatch):
+    import ctypes
+
+    seen = []
+
+    def fake_launch(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        pointers = (ctypes.c_uint64 * 4).from_address(params)
+        values = [ctypes.c_uint64.from_address(p).value for p in pointers]
+        seen.append((function, gx, gy, gz, bx, by, bz, shared, stream, values, extra))
+
+    monkeypatch.setattr(_common, "_cu_launch_kernel", fake_launch)
+    args = (np.uint64(0x7F0000001000), np.int64(5), 7, np.uint64(2**63 + 1))
+    _common.driver_launch(0xF00, 12, 128, 4096, 0xABC, args)
+    assert seen == [(0xF00, 12, 1, 1, 128, 1, 1, 4096, 0xABC,
+                     [0x7F0000001000, 5, 7, 2**63 + 1], 0)]
+    with pytest.raises(OverflowError):
+        _common.driver_launch(0xF00, 1, 32, 0, 0, (np.int64(-1),))
+
+
+class HandleBackend(FakeBackend):
+    def driver_handle(self, kernel):
+        return 0xF00 + len(kernel.spec.__class__.__name__)
+
+
+def test_launcher_uses_the_driver_handle_when_the_backend_has_one(monkeypatch):
+    calls = []
+    monkeypatch.setattr(_common, "driver_launch",
+                        lambda *launch: calls.append(launch))
+    backend = HandleBackend(shared_limit=227 * 1024)
+    device, new = make_launcher(backend, [], [])
+    problem = Problem(2, 3, 33, 31, 5, 2, 1, "float32", True)
+    x, y = pointers(0x10, 0x20)
+    weights = Weights(*pointers(0x30, 0x40, 0x50, 0x60, 0x70))
+    run_forward(new(), problem, x, y, weights)
+    plan = plan_plane(problem, False, backend.shared_limit, backend.max_slots)
+    assert backend.log == []  # nothing went through the kernel object
+    ((handle, grid, block, shared, stream, args),) = calls
+    assert (grid, block, shared, stream) == (plan.grid, plan.block, plan.shared_bytes,
+                                             Stream.ptr)
+    assert handle == device.driver_handle(backend.kernel(plan.spec))
+    assert args[:3] == (x, y, x) and args[11:] == plan.header

@@ -356,6 +356,28 @@ def test_compile_inductor_forward():
     torch.testing.assert_close(torch.compile(net, fullgraph=True)(x), net(x))
 
 
+def test_eager_path_is_one_autograd_node_bitwise_equal_to_the_ops():
+    torch.manual_seed(3)
+    layer = WTConv2d(4, 4, 5, wt_levels=2).double()
+    x = torch.randn(2, 4, 13, 11, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(2, 4, 13, 11, dtype=torch.float64)
+
+    y = layer(x)
+    assert type(y.grad_fn).__name__ == "_EagerWTConvBackward"  # no custom-op dispatch
+    y.backward(dy)
+    eager = [x.grad.clone()] + [p.grad.clone() for p in layer.parameters()]
+
+    x.grad = None
+    layer.zero_grad(set_to_none=True)
+    w = layer.kernel_weights()
+    y_op = torch.ops.wtconv_cuda.wtconv2d_fwd(x, *w, 1)
+    y_op.backward(dy)
+    through_ops = [x.grad] + [p.grad for p in layer.parameters()]
+    assert torch.equal(y_op, y)
+    for a, b in zip(through_ops, eager):
+        assert torch.equal(a, b)
+
+
 def test_export():
     net = block()
     x = torch.randn(2, 4, 13, 11)

@@ -19,6 +19,7 @@ Nothing here imports CuPy, PyTorch or JAX at module level.
 from __future__ import annotations
 
 import threading
+from array import array
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -32,6 +33,7 @@ __all__ = [
     "device_kernels",
     "stream_handle",
     "PointerLauncher",
+    "driver_launch",
 ]
 
 #: Wavelet names accepted by the layers: the Haar wavelet under both of
@@ -200,11 +202,24 @@ class DeviceKernels:
         self.shared_limit = self._backend.shared_limit
         self.max_slots = self._backend.max_slots
         self._tables: dict = {}
+        self._handles: dict = {}
         self._lock = threading.Lock()
 
     def kernel(self, spec):
         """The loaded kernel of ``spec`` on this device (compiled on first use)."""
         return self._backend.kernel(spec)
+
+    def driver_handle(self, kernel):
+        """The ``CUfunction`` of ``kernel`` as an int, or None to launch through ``kernel``.
+
+        Asked of the backend once per kernel (``backend.driver_handle(kernel)``;
+        a backend without that method, such as a test stand-in, gets None).
+        """
+        handle = self._handles.get(kernel, self)
+        if handle is self:
+            query = getattr(self._backend, "driver_handle", None)
+            handle = self._handles[kernel] = None if query is None else query(kernel)
+        return handle
 
     def table(self, values: np.ndarray, make: Callable):
         """Device pointer of a table holding ``values``.
@@ -345,17 +360,26 @@ class PointerLauncher:
     def call(self, kernel, grid, block, args, shared_bytes):
         """Queue one launch on this launcher's stream.
 
+        Kernels with a driver handle (:meth:`DeviceKernels.driver_handle`)
+        go straight to ``cuLaunchKernel`` (:func:`driver_launch`); others are
+        called as ``kernel(grid, block, args, shared_mem=, stream=)``.
+
         Parameters
         ----------
         kernel : cupy.RawKernel
         grid, block : int
             One-dimensional grid and block sizes.
         args : tuple
-            Kernel arguments: ``numpy.uint64`` device addresses.
+            Kernel arguments: ``numpy.uint64`` device addresses and
+            non-negative ``numpy.int64`` sizes, all 8-byte parameters.
         shared_bytes : int
             Dynamic shared memory per block.
         """
-        kernel((grid,), (block,), args, shared_mem=shared_bytes, stream=self._stream)
+        handle = self._device.driver_handle(kernel)
+        if handle is None:
+            kernel((grid,), (block,), args, shared_mem=shared_bytes, stream=self._stream)
+        else:
+            driver_launch(handle, grid, block, shared_bytes, self._stream.ptr, args)
 
     def table(self, values: np.ndarray):
         """Device address of a cached copy of the int64 table ``values``."""
@@ -403,3 +427,49 @@ class DeviceScope:
             runtime.setDevice(self._previous)
             self._previous = None
         return False
+
+
+def _cu_launch_kernel(*args):
+    from cupy.cuda import driver
+
+    global _cu_launch_kernel
+    _cu_launch_kernel = driver.launchKernel
+    return _cu_launch_kernel(*args)
+
+
+def driver_launch(function: int, grid: int, block: int, shared_bytes: int, stream: int,
+                  args) -> None:
+    """Queue a 1-D launch with ``cuLaunchKernel``, every parameter 8 bytes wide.
+
+    The kernels of :mod:`wtconv_cuda.kernels` take only 64-bit parameters
+    (device addresses and sizes), so their parameter block is one array of
+    unsigned 64-bit values plus the array of their addresses that
+    ``cuLaunchKernel`` reads (and copies) before it returns. This skips
+    CuPy's per-argument type dispatch, which costs more host time than the
+    fused kernels themselves on small problems.
+
+    Parameters
+    ----------
+    function : int
+        ``CUfunction`` handle, loaded in the current device's context.
+    grid, block : int
+        One-dimensional grid and block sizes.
+    shared_bytes : int
+        Dynamic shared memory per block.
+    stream : int
+        ``CUstream`` handle (``0``: the legacy default stream).
+    args : sequence of int-like
+        Non-negative parameter values (``numpy.uint64``/``int64`` or int).
+
+    Raises
+    ------
+    OverflowError
+        A negative or wider-than-64-bit value.
+    cupy.cuda.driver.CUDADriverError
+        The launch was refused.
+    """
+    values = array("Q", args)
+    first = values.buffer_info()[0]
+    params = array("Q", range(first, first + 8 * len(values), 8))
+    _cu_launch_kernel(function, grid, 1, 1, block, 1, 1, shared_bytes, stream,
+                      params.buffer_info()[0], 0)

@@ -301,6 +301,19 @@ class CupyBackend:
         """
         return compiler.gpu_kernel(spec, self.device_id)
 
+    def driver_handle(self, kernel):
+        """The ``CUfunction`` handle of ``kernel`` on this backend's device, as an int.
+
+        Used by the bindings' raw-pointer launcher to call ``cuLaunchKernel``
+        directly. Returns None (launch through CuPy instead) when this CuPy
+        does not expose the handle.
+        """
+        try:
+            with self._cupy.cuda.Device(self.device_id):
+                return int(kernel.kernel.ptr)
+        except Exception:  # an older or newer CuPy without RawKernel.kernel.ptr
+            return None
+
     def call(self, kernel, grid, block, args, shared_bytes):
         """Launch ``kernel`` on a 1-D grid on the current stream (asynchronous).
 
