@@ -395,9 +395,13 @@ class PointerLauncher:
 class DeviceScope:
     """Make ``device_id`` CuPy's (and the CUDA runtime's) current device for a block.
 
-    A no-op when it already is; otherwise the previous device is restored on
-    exit. Kernel modules are loaded per device, and the launch picks the module
-    of the current device.
+    The device is always set on entry, which also binds its primary context to
+    the calling thread: ``cuLaunchKernel`` needs a current context, and a
+    thread that has only asked for the current device (PyTorch's autograd
+    threads skip ``cudaSetDevice`` when the device already matches) has none.
+    The previous device is restored on exit when it differed. Kernel modules
+    are loaded per device, and the launch picks the module of the current
+    device.
 
     Parameters
     ----------
@@ -417,7 +421,7 @@ class DeviceScope:
         current = runtime.getDevice()
         if current != self._device_id:
             self._previous = current
-            runtime.setDevice(self._device_id)
+        runtime.setDevice(self._device_id)
         return self
 
     def __exit__(self, *exc):
