@@ -44,8 +44,11 @@ Subcommands
     0.002, momentum 0.9), float32, 300 steps, and compares the two loss
     curves: pass when the relative difference of the loss after
     ``--check-step`` (default 100) updates is below ``--tolerance`` (default
-    1e-3). Runs with TF32 off and deterministic cuDNN so that the only
-    difference between the runs is the WTConv layer. The data (see
+    1e-3). Runs with TF32 off so that the only difference between the runs
+    is the WTConv layer. cuDNN runs in benchmark mode, not deterministic mode:
+    with deterministic algorithms the materialising run on the H200 did not
+    finish 300 steps in 190 s, while the tolerance is four orders of
+    magnitude above float32 algorithm-to-algorithm differences. The data (see
     :class:`SyntheticData`) are by default noisy class prototypes with 30%
     label noise, drawn fresh each step, so the loss falls from about 2.5 to
     its floor of about 1.2 and stays of order one; ``--data random`` gives a
@@ -636,8 +639,15 @@ def precompile_kernels(image_size: int, levels=STAGE_LEVELS, storages=("float32"
     return run_compile_subprocess(cmd, timeout)
 
 
-def exact_numerics() -> dict:
-    """Turn TF32 off and make cuDNN deterministic (for comparisons); returns the settings.
+def exact_numerics(deterministic: bool = True) -> dict:
+    """Turn TF32 off (for comparisons); returns the settings.
+
+    Parameters
+    ----------
+    deterministic : bool, default True
+        Also make cuDNN deterministic (benchmark mode off). With False, cuDNN
+        runs in benchmark mode and may pick any algorithm: still full float32
+        precision, but not bitwise repeatable.
 
     Returns
     -------
@@ -645,8 +655,8 @@ def exact_numerics() -> dict:
         The flags as set.
     """
     _set_tf32(False)
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = not deterministic
+    torch.backends.cudnn.deterministic = deterministic
     return numerics_settings()
 
 
@@ -1414,7 +1424,7 @@ def run_sanity(args) -> dict:
     """
     device = torch.device(args.device)
     dtype = {"float32": torch.float32, "float64": torch.float64}[args.dtype]
-    numerics = exact_numerics()
+    numerics = exact_numerics(deterministic=False)
     ours, other, source = build_wtconv_pair(args.arch, args.tiny, args.num_classes,
                                             args.levels, args.seed, args.layer_scale)
     ours, other = ours.to(device, dtype), other.to(device, dtype)

@@ -81,6 +81,12 @@ def _check_tensors(x, base_weight, base_bias, base_scale, wavelet_weight, wavele
         tuple(x.shape), tuple(base_weight.shape),
         None if base_bias is None else tuple(base_bias.shape), tuple(base_scale.shape),
         tuple(wavelet_weight.shape), tuple(wavelet_scale.shape), None, stride)
+    _check_dtypes_devices(x, base_weight, base_bias, base_scale, wavelet_weight, wavelet_scale)
+    return sizes
+
+
+def _check_dtypes_devices(x, base_weight, base_bias, base_scale, wavelet_weight, wavelet_scale):
+    """Every tensor has ``x``'s dtype and device, and the device's path supports the dtype."""
     named = (("base_weight", base_weight), ("base_bias", base_bias), ("base_scale", base_scale),
              ("wavelet_weight", wavelet_weight), ("wavelet_scale", wavelet_scale))
     for name, t in named:
@@ -103,7 +109,6 @@ def _check_tensors(x, base_weight, base_bias, base_scale, wavelet_weight, wavele
         raise TypeError(f"x has dtype {x.dtype}; expected a floating dtype")
     if kind not in ("cuda", "cpu", "meta"):
         raise NotImplementedError(f"wtconv2d has no implementation for {kind} tensors")
-    return sizes
 
 
 # ---------------------------------------------------------------------------
@@ -390,41 +395,33 @@ class _EagerWTConv(torch.autograd.Function):
     form and the module call this ``Function`` instead: the same checks, the
     same forward and backward implementations (bit-identical results), one
     autograd node. Under compilation, export and tracing they call the ops,
-    which the compiler sees as opaque nodes.
+    which the compiler sees as opaque nodes. ``sizes`` is the caller's
+    :func:`~wtconv_cuda.bindings._common.check_layer` result.
     """
 
     @staticmethod
-    def forward(x, base_weight, base_bias, base_scale, wavelet_weight, wavelet_scale, stride):
-        sizes = _check_tensors(x, base_weight, base_bias, base_scale, wavelet_weight,
-                               wavelet_scale, stride)
+    def forward(ctx, x, base_weight, base_bias, base_scale, wavelet_weight, wavelet_scale, stride,
+                sizes):
+        _check_dtypes_devices(x, base_weight, base_bias, base_scale, wavelet_weight,
+                              wavelet_scale)
+        ctx.save_for_backward(x, base_weight, base_bias, base_scale, wavelet_weight,
+                              wavelet_scale)
+        ctx.stride, ctx.sizes = stride, sizes
         forward, _ = _IMPLS[x.device.type]
         return forward(x, base_weight, base_bias, base_scale, wavelet_weight, wavelet_scale,
                        stride, sizes)
-
-    setup_context = staticmethod(_setup_context)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         x, base_weight, base_bias, base_scale, wavelet_weight, wavelet_scale = ctx.saved_tensors
-        stride = ctx.stride
-        sizes = _check_tensors(x, base_weight, base_bias, base_scale, wavelet_weight,
-                               wavelet_scale, stride)
+        stride, sizes = ctx.stride, ctx.sizes
         _check_dy(dy, x, sizes, stride)
         _, backward = _IMPLS[x.device.type]
         dx, d_bw, d_bb, d_bs, d_ww, d_ws = backward(
             dy, x, base_weight, base_bias, base_scale, wavelet_weight, wavelet_scale, stride,
             sizes)
-        return dx, d_bw, (None if base_bias is None else d_bb), d_bs, d_ww, d_ws, None
-
-
-def _apply(x, base_weight, base_bias, base_scale, wavelet_weight, wavelet_scale, stride):
-    """Run the layer: the eager ``Function`` in eager mode, the custom op when compiling."""
-    if torch.compiler.is_compiling():
-        return wtconv2d_fwd(x, base_weight, base_bias, base_scale, wavelet_weight,
-                            wavelet_scale, stride)
-    return _EagerWTConv.apply(x, base_weight, base_bias, base_scale, wavelet_weight,
-                              wavelet_scale, stride)
+        return dx, d_bw, (None if base_bias is None else d_bb), d_bs, d_ww, d_ws, None, None
 
 
 # ---------------------------------------------------------------------------
@@ -483,13 +480,15 @@ def wtconv2d(x, base_weight, base_bias, base_scale, wavelet_weight, wavelet_scal
         Inconsistent shapes, even ``K``, ``levels`` not matching the weights,
         ``stride < 1``, tensors on different devices.
     """
-    _common.check_layer(
+    sizes = _common.check_layer(
         tuple(x.shape), tuple(base_weight.shape),
         None if base_bias is None else tuple(base_bias.shape), tuple(base_scale.shape),
         tuple(wavelet_weight.shape), tuple(wavelet_scale.shape), levels, stride)
     tensors = _autocast((x, base_weight, base_bias, base_scale, wavelet_weight, wavelet_scale),
                         x.device.type)
-    return _apply(*tensors, int(stride))
+    if torch.compiler.is_compiling():
+        return wtconv2d_fwd(*tensors, int(stride))
+    return _EagerWTConv.apply(*tensors, int(stride), sizes)
 
 
 # ---------------------------------------------------------------------------
@@ -641,12 +640,15 @@ class WTConv2d(nn.Module):
         WTConvWeights
             ``base_weight (C, K, K)``, ``base_bias (C,)`` or None,
             ``base_scale (C,)``, ``wavelet_weight (L, C, 4, K, K)`` (a stacked
-            copy, differentiable) and ``wavelet_scale (L, C, 4)``; tensors that
+            copy for ``L > 1``, a view for ``L == 1``; differentiable) and ``wavelet_scale (L, C, 4)``; tensors that
             carry autograd history to the parameters.
         """
         c, k = self.in_channels, self.kernel_size
         base = self.base_conv.weight
-        if self.wt_levels:
+        if self.wt_levels == 1:  # views, no copy
+            wavelet_weight = self.wavelet_convs[0].weight.reshape(1, c, 4, k, k)
+            wavelet_scale = self.wavelet_scale[0].weight.reshape(1, c, 4)
+        elif self.wt_levels:
             wavelet_weight = torch.stack([m.weight.reshape(c, 4, k, k) for m in self.wavelet_convs])
             wavelet_scale = torch.stack([m.weight.reshape(c, 4) for m in self.wavelet_scale])
         else:
