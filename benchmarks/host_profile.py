@@ -36,6 +36,30 @@ def per_call_us(fn, calls, sync):
     return (queued - start) / calls * 1e6, (done - start) / calls * 1e6
 
 
+def split_step_us(fn, steps, torch):
+    """Median host time to enqueue one call of ``fn`` from an idle GPU, and its GPU time.
+
+    Each call starts after a synchronisation, so the launch queue is empty:
+    the first number is pure host cost, the second the GPU's time from the
+    first to the last queued event (which includes any gap while the host
+    was still launching).
+    """
+    host, gpu = [], []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for i in range(steps + 10):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        start.record()
+        fn()
+        end.record()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        if i >= 10:
+            host.append((t1 - t0) * 1e6)
+            gpu.append(start.elapsed_time(end) * 1e3)
+    return float(np.median(host)), float(np.median(gpu))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=500)
@@ -43,6 +67,8 @@ def main(argv=None):
     parser.add_argument("--levels", type=int, default=1)
     parser.add_argument("--kernel-size", type=int, default=5)
     parser.add_argument("--top", type=int, default=45)
+    parser.add_argument("--split-only", action="store_true",
+                        help="only the one-step host/GPU split, no table or profile")
     args = parser.parse_args(argv)
 
     import torch
@@ -86,6 +112,16 @@ def main(argv=None):
 
     pieces = {}
     sync = torch.cuda.synchronize
+
+    print("one call at a time from an idle GPU (median of 200): host enqueue us, GPU us")
+    for name, fn in (("module forward + backward", train),
+                     ("depthwise 7x7 forward + backward", train_conv),
+                     ("impl _backward_cuda", lambda: wttorch._backward_cuda(dy, x, *kw, 1,
+                                                                            sizes))):
+        host, gpu = split_step_us(fn, 200, torch)
+        print(f"  {name:40s} {host:9.1f} {gpu:9.1f}")
+    if args.split_only:
+        return
 
     def add(name, fn):
         pieces[name] = per_call_us(fn, args.calls, sync)
