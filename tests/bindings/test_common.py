@@ -143,8 +143,8 @@ def test_launcher_passes_pointers_stream_and_keeps_buffers(shared_limit):
     assert plane["args"][:3] == (np.uint64(0x90), dx, x)
     partial = plane["args"][8]
     assert finalize["args"][0] == partial and finalize["args"][6:11] == tuple(grads)
-    assert launcher.keep and launcher.keep[0][1] == problem.batch * problem.channels * \
-        plan_plane(problem, True, shared_limit, backend.max_slots).ntaps
+    assert launcher.keep and launcher.keep[0][1] == \
+        plan_plane(problem, True, shared_limit, backend.max_slots).partial_floats
     assert len(tables) == 3  # backward geometry and the finalize dimensions
 
 

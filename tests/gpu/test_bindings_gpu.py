@@ -196,7 +196,7 @@ def test_torch_zero_copy_and_torch_owned_memory(monkeypatch):
     assert plane["args"][1] == dx.data_ptr()
     assert finalize["args"][6] == grads[0].data_ptr()  # base-weight gradient, PyTorch-owned
     back = plan(problem, True)
-    work = (8 * c * back.ntaps + back.scratch_floats) * 4
+    work = (back.partial_floats + back.scratch_floats) * 4
     assert peak <= dx.numel() * 4 + work + slack
     assert pool.used_bytes() == pool_before  # nothing from CuPy's pool
 

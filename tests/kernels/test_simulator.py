@@ -13,7 +13,7 @@ import pytest
 from wtconv_cuda import reference
 from wtconv_cuda.kernels.codegen import single_items_win
 from wtconv_cuda.kernels.launch import (
-    Problem, SimulatorBackend, Weights, plan_plane, run_backward, run_forward,
+    Problem, SimulatorBackend, Tuning, Weights, plan_plane, run_backward, run_forward,
 )
 
 from ..conftest import random_weights
@@ -25,7 +25,7 @@ DTYPES = {"float32": (np.float32, 2e-6), "float16": (np.float16, 2e-3)}
 
 
 def run_layer(rng, shape, levels, k, stride, storage="float32", bias=True,
-              shared_limit=227 * 1024):
+              shared_limit=227 * 1024, tuning=Tuning()):
     """Forward and backward in the simulator; returns errors against the oracle."""
     dtype, _ = DTYPES[storage]
     b, c, h, w = shape
@@ -41,10 +41,10 @@ def run_layer(rng, shape, levels, k, stride, storage="float32", bias=True,
     x_before, dy_before = x.copy(), dy.copy()
 
     y = np.full(out_shape, np.nan, dtype)
-    run_forward(backend, problem, x, y, kernel_weights)
+    run_forward(backend, problem, x, y, kernel_weights, tuning)
     dx = np.full(shape, np.nan, dtype)
     grads = Weights(*(np.full(a.shape, np.nan, dtype) for a in kernel_weights))
-    run_backward(backend, problem, x, dy, dx, kernel_weights, grads)
+    run_backward(backend, problem, x, dy, dx, kernel_weights, grads, tuning)
 
     np.testing.assert_array_equal(x, x_before)
     np.testing.assert_array_equal(dy, dy_before)
@@ -107,6 +107,18 @@ def test_both_analysis_decompositions(rng):
     modes = [single_items_win(h, w, 3, spec.strip, spec.threads) for h, w in grids]
     assert modes == [False, False, True]
     assert_close(run_layer(rng, (1, 2, 17, 23), 3, 3, 1), DTYPES["float32"][1])
+
+
+@pytest.mark.parametrize("threads,batch_chunk", [(32, 3), (32, 5), (64, 2)])
+def test_batch_chunked_weight_gradients(rng, threads, batch_chunk):
+    """Backward work units of several batch entries: B = 5 gives a ragged last unit (rb 3, 2),
+    or one unit per channel (rb 5); 32-thread planes run 8 groups per block (warp barriers),
+    64-thread planes 2 (block barriers), and some groups are past the last unit."""
+    tuning = Tuning(threads=threads, batch_chunk=batch_chunk)
+    problem = Problem(5, 3, 7, 9, 3, 2, 1, "float32", True)
+    plan = plan_plane(problem, True, 227 * 1024, 2, tuning)
+    assert plan.batch_chunk == batch_chunk and plan.units == 3 * -(-5 // batch_chunk)
+    assert_close(run_layer(rng, (5, 3, 7, 9), 2, 3, 1, tuning=tuning), DTYPES["float32"][1])
 
 
 class _RecordingBackend(SimulatorBackend):

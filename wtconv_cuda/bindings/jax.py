@@ -280,16 +280,8 @@ def _scratch_sizes(x, w, levels, stride, backward) -> tuple:
     b, c, h, width = x.shape
     problem = kernel_launch.Problem(b, c, h, width, w.kernel_size, levels, stride,
                                     GPU_STORAGE[dtype], w.base_bias is not None)
-    work_buffers = getattr(kernel_launch, "work_buffers", None)
-    if work_buffers is not None:  # the launcher's own statement, where it provides one
-        return tuple(work_buffers(problem, backward, kernels.shared_limit, kernels.max_slots))
-    launch = kernel_launch.plan_plane(problem, backward, kernels.shared_limit, kernels.max_slots)
-    sizes = []
-    if backward:
-        sizes.append(b * c * launch.ntaps)
-    if launch.scratch_floats:
-        sizes.append(launch.scratch_floats)
-    return tuple(sizes)
+    return tuple(kernel_launch.work_buffers(problem, backward, kernels.shared_limit,
+                                            kernels.max_slots))
 
 
 # ---------------------------------------------------------------------------

@@ -17,10 +17,13 @@ Two kernels are generated:
     the closed-form synthesis and the base convolution and writes the output.
     With ``backward=True`` it runs the same pipeline on ``dy`` with flipped
     taps (that is ``dx``), then loads ``x`` and correlates both pyramids into
-    per-plane weight-gradient partial sums.
+    weight-gradient sums. A backward thread group works on *units* of ``rb``
+    consecutive batch entries of one channel, adds up the unit's weight
+    gradients on chip and writes one partial per unit (so the partials take
+    ``C * ceil(B / rb) * ntaps`` floats instead of ``B * C * ntaps``).
 ``wtconv_finalize``
-    One block per channel: sums the per-plane partials over the batch in a fixed
-    order (deterministic) and unfolds them into the gradients of the published
+    One block per channel: sums the channel's unit partials in a fixed order
+    (deterministic) and unfolds them into the gradients of the published
     parameters.
 """
 
@@ -241,7 +244,10 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
     threads) owns buffer slot ``g`` of the block, in dynamic shared memory or,
     with ``spec.scratch``, in ``scratch``. Blocks loop over the planes with a
     stride of ``gridDim.x * planes_per_block``, so a grid smaller than the
-    plane count (persistent blocks) covers them all.
+    plane count (persistent blocks) covers them all. The backward kernel's
+    groups take work units instead of planes: ``rb`` (a header field) planes
+    of one channel in turn, their weight-gradient sums kept in the slot's
+    unit-sum region and written to ``part[unit * ntaps:]`` once.
 
     Parameters
     ----------
@@ -268,7 +274,6 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
         raise ValueError(f"storage must be one of {STORAGE}, got {spec.storage!r}")
     if spec.warp_sync and T != 32:
         raise ValueError(f"warp_sync needs threads == 32 (one warp per plane), got {T}")
-    SI = spec.in_stride
     e = _Emitter()
 
     e("def wtconv_plane(src, out, xsrc, w0, b0, s0, ww, ws, part, scratch, geo, "
@@ -292,34 +297,68 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
         e("# The halos of region A stay zero for the whole launch.",
           f"for i in range(tid, a_len, {T}):",
           "    S[sb + a_off + i] = fz",
-          f"first = int64(cuda.blockIdx.x) * {G}",
-          "while first < nplanes:")
-        with e.indent():
-            e("# Planes run channel-major (the batch varies fastest), so a block's",
-              "# groups usually share one channel's taps in cache. A group past the",
-              "# last plane recomputes the last one and stores nothing.",
-              "valid = first + grp < nplanes",
-              "order = first + grp if valid else nplanes - 1",
-              "c = order // B",
-              "plane = (order - c * B) * C + c",
-              "cuda.syncthreads()")
-            _emit_fold_weights(e, spec)
-            e("# Input plane into source grid 0 (zero-filled upsampling by the input stride).")
-            _emit_plane_load(e, spec, "src", "plane * (Hin * Win)", "Hin", "Win", SI, "src0")
-            e("cuda.syncthreads()")
-            _emit_analysis(e, spec)
-            _emit_synthesis(e, spec)
-            if spec.out_stride in (1, 2):
-                _emit_output_blocks(e, spec)
-            else:
-                _emit_output_generic(e, spec)
-            if spec.backward:
-                _emit_weight_gradients(e, spec)
-            e(f"first += cuda.gridDim.x * {G}")
+          f"first = int64(cuda.blockIdx.x) * {G}")
+        if not spec.backward:
+            e("while first < nplanes:")
+            with e.indent():
+                e("# Planes run channel-major (the batch varies fastest), so a block's",
+                  "# groups usually share one channel's taps in cache. A group past the",
+                  "# last plane recomputes the last one and stores nothing.",
+                  "valid = first + grp < nplanes",
+                  "order = first + grp if valid else nplanes - 1",
+                  "c = order // B",
+                  "plane = (order - c * B) * C + c",
+                  "cuda.syncthreads()")
+                _emit_fold_weights(e, spec)
+                _emit_plane_pass(e, spec)
+                e(f"first += cuda.gridDim.x * {G}")
+        else:
+            e("# Work unit = rb consecutive batch entries of one channel, run one after",
+              "# the other; their weight gradients are summed in the unit-sum region",
+              "# and written once. A group past the last unit recomputes the last one,",
+              "# and a plane past the batch recomputes the last plane; neither stores.",
+              "nchunks = (B + rb - 1) // rb",
+              "nunits = C * nchunks",
+              "while first < nunits:")
+            with e.indent():
+                e("# (few values stay live across the planes: registers are tight)",
+                  "unit = first + grp if first + grp < nunits else nunits - 1",
+                  "c = unit // nchunks",
+                  "b0 = (unit - c * nchunks) * rb",
+                  "cuda.syncthreads()")
+                _emit_fold_weights(e, spec)
+                e(f"for i in range(tid, ntaps, {T}):",
+                  "    S[sb + w_off + i] = fz",
+                  "for bq in range(b0, b0 + rb):")
+                with e.indent():
+                    e("valid = first + grp < nunits and bq < B",
+                      "plane = (bq if bq < B else B - 1) * C + c",
+                      "cuda.syncthreads()")
+                    _emit_plane_pass(e, spec)
+                    _emit_weight_gradients(e, spec)
+                e("cuda.syncthreads()",
+                  "if first + grp < nunits:",
+                  f"    for i in range(tid, ntaps, {T}):",
+                  "        part[(first + grp) * ntaps + i] = S[sb + w_off + i]")
+                e(f"first += cuda.gridDim.x * {G}")
     text = e.text()
     if spec.warp_sync:  # every barrier only orders one group's own slot
         text = text.replace("cuda.syncthreads()", "cuda.syncwarp()")
     return text
+
+
+def _emit_plane_pass(e: _Emitter, spec: PlaneSpec) -> None:
+    """Load ``plane``, transform, convolve, synthesise and store its output."""
+    e("# Input plane into source grid 0 (zero-filled upsampling by the input stride).")
+    _emit_plane_load(e, spec, "src", "plane * (Hin * Win)", "Hin", "Win", spec.in_stride,
+                     "src0")
+    e("cuda.syncthreads()")
+    _emit_analysis(e, spec)
+    _emit_synthesis(e, spec)
+    if spec.out_stride in (1, 2):
+        _emit_output_blocks(e, spec)
+    else:
+        _emit_output_generic(e, spec)
 
 
 def _emit_plane_load(e: _Emitter, spec: PlaneSpec, array: str, base: str, rows: str,
@@ -666,11 +705,13 @@ def _emit_output_generic(e: _Emitter, spec: PlaneSpec) -> None:
 
 
 def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
-    """Backward only: correlate the x pyramid with the dy pyramid, per plane.
+    """Backward only: correlate the x pyramid with the dy pyramid of one plane.
 
     Work item = (tap row ``dy``, chunk of rows); each walks its rows with a
     sliding window of source values in registers, so every loaded value feeds
-    ``K`` taps. Partial sums of the chunks are then added in a fixed order.
+    ``K`` taps. Partial sums of the chunks are then added in a fixed order,
+    and the plane's total is added to the unit sums (each entry always by the
+    same thread, so no barrier is needed between planes).
     """
     K, T = spec.kernel_size, spec.threads
     R, K2 = (K - 1) // 2, K * K
@@ -697,8 +738,7 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
 
     # Base taps: pixels are walked in column pairs (2m, 2m+1); the window holds
     # the K+1 x values at columns 2m + e, e = -R..R+1 (register n = e + R).
-    e("pbase = plane * ntaps",
-      f"P = max(int64(1), min(H, int64({chunks_cap})))",
+    e(f"P = max(int64(1), min(H, int64({chunks_cap})))",
       f"nit = {K} * P",
       "if tid < nit:")
     with e.indent():
@@ -748,7 +788,7 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
           "    for ch in range(P):",
           f"        tot += S[sb + p_off + nit * {K} + ch]",
           "if valid:",
-          "    part[pbase + t] = tot")
+          "    S[sb + w_off + t] += tot")
     e("cuda.syncthreads()")
 
     e("# level taps: item = (tap row dy, row chunk of coefficients), all 4 subbands",
@@ -793,7 +833,7 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
               "for ch in range(P):",
               f"    tot += S[sb + p_off + ((dy * P + ch) * 4 + k) * {K} + dx]",
               "if valid:",
-              f"    part[pbase + {K2 + 1} + (j - 1) * {4 * K2} + t] = tot")
+              f"    S[sb + w_off + {K2 + 1} + (j - 1) * {4 * K2} + t] += tot")
         e("cuda.syncthreads()")
 
 
@@ -803,9 +843,10 @@ def finalize_kernel_source(spec: FinalizeSpec) -> str:
     The kernel takes ``(part, w0, b0, s0, ww, ws, gw0, gb0, gs0, gww, gws,
     dims)`` (see :func:`wtconv_cuda.kernels.compiler.finalize_signature`) and
     runs one block per channel, with ``4 * ntaps`` bytes of dynamic shared
-    memory. ``dims`` holds ``(B, C, L, has_bias)``. Partials are summed over
-    the batch in index order; level taps carry the two Haar factors 1/2 (one
-    from each pyramid), applied here exactly.
+    memory. ``dims`` holds ``(B, C, L, has_bias, nchunks)``. The partials of
+    channel ``c`` are its ``nchunks`` work units (``part[(c * nchunks + u) *
+    ntaps:]``), summed in index order; level taps carry the two Haar factors
+    1/2 (one from each pyramid), applied here exactly.
 
     Parameters
     ----------
@@ -826,11 +867,11 @@ def finalize_kernel_source(spec: FinalizeSpec) -> str:
     with e.indent():
         e("G = cuda.shared.array(0, dtype=float32)",
           "tid = cuda.threadIdx.x", "c = int64(cuda.blockIdx.x)", "fz = float32(0.0)",
-          "B = dims[0]", "C = dims[1]", "L = dims[2]", "has_bias = dims[3]",
+          "C = dims[1]", "L = dims[2]", "has_bias = dims[3]", "nchunks = dims[4]",
           f"ntaps = {K2 + 1} + {4 * K2} * L",
           f"for t in range(tid, ntaps, {T}):")
         with e.indent():
-            e("tot = fz", "for b in range(B):", "    tot += part[(b * C + c) * ntaps + t]",
+            e("tot = fz", "for u in range(nchunks):", "    tot += part[(c * nchunks + u) * ntaps + t]",
               f"if t > {K2}:", "    tot = tot * float32(0.25)", "G[t] = tot")
         e("cuda.syncthreads()",
           "s0c = " + ld("s0[c]"),

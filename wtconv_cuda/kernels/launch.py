@@ -109,6 +109,9 @@ class Tuning(NamedTuple):
         One warp per plane, synchronised with ``syncwarp`` (see
         :class:`~wtconv_cuda.kernels.codegen.PlaneSpec`). The default is on
         exactly when ``threads`` is 32.
+    batch_chunk : int or None
+        Backward: batch entries per work unit (default :func:`batch_chunk`;
+        clipped to ``B``; 1 for the global-scratch variant).
     """
 
     threads: int | None = None
@@ -116,6 +119,52 @@ class Tuning(NamedTuple):
     max_registers: int | None = None
     planes_per_block: int | None = None
     warp_sync: bool | None = None
+    batch_chunk: int | None = None
+
+
+#: Bytes per element of each storage dtype.
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+#: The backward's weight-gradient partials aim at no more than this fraction
+#: of the bytes of ``x`` (see :func:`batch_chunk`).
+PARTIAL_FRACTION = 1 / 8
+
+
+def batch_chunk(problem: Problem, ntaps: int, group: int, max_slots: int) -> int:
+    """Batch entries per backward work unit: small partials, enough blocks.
+
+    Each unit writes ``ntaps`` float32 partials, so ``rb`` entries per unit
+    divide the partial memory (``B * C * ntaps * 4`` bytes at ``rb = 1``:
+    4.6x the bytes of ``x`` at 64x768x7x7, L2, K5, fp32) by ``rb``. Larger
+    units also mean fewer, longer blocks. The choice doubles ``rb`` from 1
+    while the partials exceed `PARTIAL_FRACTION` of the bytes of ``x`` and
+    the doubled grid still has at least ``max_slots`` (two per SM) blocks.
+
+    Parameters
+    ----------
+    problem : Problem
+        The layer call.
+    ntaps : int
+        Weight-gradient entries per unit.
+    group : int
+        Thread groups (units in flight) per block.
+    max_slots : int
+        The backend's persistent-slot count (twice the SM count on a GPU).
+
+    Returns
+    -------
+    int
+        ``rb`` in ``1 .. B``, a power of two unless clipped to ``B``.
+    """
+    b, c = problem.batch, problem.channels
+    x_bytes = b * c * problem.height * problem.width * ITEMSIZE[problem.storage]
+    rb = 1
+    while rb < b:
+        if c * -(-b // rb) * ntaps * 4 <= PARTIAL_FRACTION * x_bytes:
+            break
+        if -(-(c * -(-b // (2 * rb))) // group) < max_slots:
+            break
+        rb *= 2
+    return min(rb, b)
 
 
 def default_tuning(problem: Problem, backward: bool) -> Tuning:
@@ -188,6 +237,12 @@ class Launch(NamedTuple):
     header : tuple of numpy.int64
         The header of ``geo`` (``HEADER_FIELDS``), passed again as scalar
         kernel arguments.
+    batch_chunk : int
+        Backward: batch entries per work unit (``rb``, see
+        :func:`batch_chunk`); 1 forward.
+    units : int
+        Backward: work units, ``C * ceil(B / batch_chunk)``, each writing
+        ``ntaps`` weight-gradient partials; 0 forward.
     """
 
     spec: PlaneSpec
@@ -198,6 +253,13 @@ class Launch(NamedTuple):
     geo: np.ndarray
     ntaps: int
     header: tuple = ()
+    batch_chunk: int = 1
+    units: int = 0
+
+    @property
+    def partial_floats(self) -> int:
+        """float32 elements of the backward's weight-gradient partials (``units * ntaps``)."""
+        return self.units * self.ntaps
 
 
 @lru_cache(maxsize=1024)
@@ -251,16 +313,25 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
     warp_sync = threads == 32 if tuning.warp_sync is None else tuning.warp_sync
     spec = PlaneSpec(p.kernel_size, p.storage, in_stride, out_stride, backward, scratch,
                      threads, strip, max_registers, group, warp_sync)
-    geo = with_problem(layout, p.channels, planes, p.has_bias)
+    rb, units = 1, 0
+    if backward:
+        if scratch:
+            rb = 1
+        elif tuning.batch_chunk is not None:
+            rb = max(1, min(int(tuning.batch_chunk), p.batch))
+        else:
+            rb = batch_chunk(p, layout.ntaps, group, max_slots)
+        units = p.channels * -(-p.batch // rb)
+    geo = with_problem(layout, p.channels, planes, p.has_bias, rb)
     geo.setflags(write=False)  # shared by every call through the plan cache
     header = tuple(np.int64(v) for v in geo[:len(HEADER_FIELDS)])
-    blocks = -(-planes // group)
+    blocks = -(-(units if backward else planes) // group)
     if scratch:
         blocks = max(1, min(blocks, max_slots // group))
         return Launch(spec, blocks, threads * group, 0, blocks * group * layout.slot_floats,
-                      geo, layout.ntaps, header)
+                      geo, layout.ntaps, header, rb, units)
     return Launch(spec, blocks, threads * group, group * slot_bytes, 0, geo, layout.ntaps,
-                  header)
+                  header, rb, units)
 
 
 class CupyBackend:
@@ -470,8 +541,8 @@ def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots:
                  tuning: Tuning = Tuning()) -> tuple[int, ...]:
     """float32 sizes that :func:`run_forward` / :func:`run_backward` request.
 
-    In request order from ``backend.float32``: the per-plane weight-gradient
-    partials (backward only), then the global scratch (planes too large for
+    In request order from ``backend.float32``: the weight-gradient partials
+    of the work units (backward only), then the global scratch (planes too large for
     shared memory only). Bindings that allocate through their framework use
     this to size buffers ahead of the call.
 
@@ -489,11 +560,12 @@ def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots:
     Returns
     -------
     tuple of int
-        Element counts: ``(B * C * ntaps, [scratch])`` backward,
+        Element counts: ``(units * ntaps, [scratch])`` backward (see
+        :attr:`Launch.partial_floats`),
         ``([scratch])`` forward (an empty tuple when no scratch is needed).
     """
     launch = plan_plane(problem, backward, shared_limit, max_slots, tuning)
-    sizes = [problem.batch * problem.channels * launch.ntaps] if backward else []
+    sizes = [launch.partial_floats] if backward else []
     if launch.scratch_floats:
         sizes.append(launch.scratch_floats)
     return tuple(sizes)
@@ -567,14 +639,14 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
     """
     launch = plan_plane(problem, True, backend.shared_limit, backend.max_slots, tuning)
     geo = backend.table(launch.geo)
-    planes = problem.batch * problem.channels
-    partial = backend.float32(planes * launch.ntaps)
+    partial = backend.float32(launch.partial_floats)
     scratch = backend.float32(launch.scratch_floats) if launch.scratch_floats else geo
     args = (dy, dx, x, *weights, partial, scratch, geo, *launch.header)
     backend.call(backend.kernel(launch.spec), launch.grid, launch.block, args, launch.shared_bytes)
 
     dims = backend.table(np.array([problem.batch, problem.channels, problem.levels,
-                                   int(problem.has_bias)], dtype=np.int64))
+                                   int(problem.has_bias), launch.units // problem.channels],
+                                  dtype=np.int64))
     finalize = backend.kernel(FinalizeSpec(problem.kernel_size, problem.storage, FINALIZE_THREADS))
     args = (partial, *weights, *grads, dims)
     backend.call(finalize, problem.channels, FINALIZE_THREADS, args, 4 * launch.ntaps)

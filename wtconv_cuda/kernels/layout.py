@@ -9,12 +9,10 @@ and device can never disagree about an offset.
 
 Buffer layout, in float32 elements::
 
-    [ folded weights | region A: source grids 0..L-1 | region B ]
+    [ folded weights | region A: source grids 0..L-1 | region B | unit sums ]
 
 * *Folded weights*: ``K*K`` base taps, then ``4*K*K`` taps per level (scale and
-  the Haar factor 1/2 folded in), then the folded bias, then the base taps
-  again with a zero column on each side (``K x (K+2)``, for the output phase,
-  which walks input columns and applies each to two output columns).
+  the Haar factor 1/2 folded in), then the folded bias.
 * *Source grid j* holds level j's raw LL coefficients (grid 0 is the input
   plane) in *polyphase* form: four planes, one per (row parity, column
   parity), each ``ceil(H_j/2) x ceil(W_j/2)`` with a zero halo of
@@ -26,7 +24,10 @@ Buffer layout, in float32 elements::
 * *Region B* holds the convolved subbands ``z_j`` (four ``H_j x W_j`` planes per
   level). The backward kernel later reuses region B for a second copy of
   region A's geometry (the ``x`` pyramid) plus the weight-gradient partial
-  sums.
+  sums of one plane.
+* *Unit sums* (backward only, at ``w_off``): the ``ntaps`` weight-gradient
+  sums of the work unit, added up over its ``rb`` planes (one channel,
+  consecutive batch entries) and written out once per unit.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import numpy as np
 #: Names of the header entries of the ``geo`` table, in order.
 HEADER_FIELDS = (
     "H", "W", "Hin", "Win", "Hout", "Wout", "L", "C", "nplanes", "slot",
-    "a_off", "a_len", "xb_off", "p_off", "has_bias",
+    "a_off", "a_len", "xb_off", "p_off", "has_bias", "rb", "w_off",
 )
 HEADER = {name: i for i, name in enumerate(HEADER_FIELDS)}
 #: Per-level fields, ``LEVEL_FIELDS`` entries for each level 0..L.
@@ -229,9 +230,15 @@ def plane_layout(h: int, w: int, levels: int, kernel_size: int, strip: int,
             partial = max(partial, kernel_size * chunks * 4 * kernel_size)
         slot = max(slot, p_off + partial)
 
+    ntaps = kernel_size * kernel_size + 1 + 4 * levels * kernel_size * kernel_size
+    w_off = 0
+    if backward:  # the unit's weight-gradient sums, kept across its planes
+        w_off = slot
+        slot = w_off + _round_up(ntaps, 4)
+
     header = dict(H=h, W=w, Hin=hin, Win=win, Hout=hout, Wout=wout, L=levels, C=0,
                   nplanes=0, slot=slot, a_off=a_off, a_len=a_len, xb_off=xb_off, p_off=p_off,
-                  has_bias=0)
+                  has_bias=0, rb=1, w_off=w_off)
     geo = np.zeros(LEVEL_BASE + LEVEL_STRIDE * (levels + 1), dtype=np.int64)
     for name, value in header.items():
         geo[HEADER[name]] = value
@@ -242,12 +249,12 @@ def plane_layout(h: int, w: int, levels: int, kernel_size: int, strip: int,
         geo[base + 3] = pitches[j] if j < len(pitches) else 0
         geo[base + 4] = phases[j] if j < len(phases) else 0
         geo[base + 5] = z_offs[j] if j < len(z_offs) else 0
-    ntaps = kernel_size * kernel_size + 1 + 4 * levels * kernel_size * kernel_size
     geo.setflags(write=False)
     return PlaneLayout(geo, slot, ntaps)
 
 
-def with_problem(layout: PlaneLayout, channels: int, planes: int, has_bias: bool) -> np.ndarray:
+def with_problem(layout: PlaneLayout, channels: int, planes: int, has_bias: bool,
+                 batch_chunk: int = 1) -> np.ndarray:
     """Copy of ``layout.geo`` with the problem-size header entries filled in.
 
     Parameters
@@ -260,6 +267,10 @@ def with_problem(layout: PlaneLayout, channels: int, planes: int, has_bias: bool
         Planes in the launch, ``B * C`` (header entry ``nplanes``).
     has_bias : bool
         Whether the layer has a bias (header entry ``has_bias``, 0 or 1).
+    batch_chunk : int, default 1
+        Batch entries per work unit of the backward kernel (header entry
+        ``rb``): a unit runs planes ``(b, c)`` for ``rb`` consecutive ``b``
+        of one channel and writes one weight-gradient partial.
 
     Returns
     -------
@@ -270,4 +281,5 @@ def with_problem(layout: PlaneLayout, channels: int, planes: int, has_bias: bool
     geo[HEADER["C"]] = channels
     geo[HEADER["nplanes"]] = planes
     geo[HEADER["has_bias"]] = int(has_bias)
+    geo[HEADER["rb"]] = batch_chunk
     return geo
