@@ -54,7 +54,7 @@ run_kernels() {
   jobs=$(nproc); [ "$jobs" -gt 32 ] && jobs=32
   [ "${REPORT:-0}" = 1 ] && report=(--report "$OUT/kernels.json")
   python3 -m wtconv_cuda.kernels.warmup --kernel-sizes ${TEST_KS//,/ } --strides 1 2 --jobs "$jobs" \
-    --planes 17x23 56x56 255x257 1x7 "${report[@]}" 2>&1 | tee "$OUT/warmup.log" | tail -n 5
+    --planes 17x23 56x56 255x257 1x7 28x28 14x14 7x7 "${report[@]}" 2>&1 | tee "$OUT/warmup.log" | tail -n 5
   # One pytest process per GPU, the kernel sizes dealt out round robin.
   local ngpu ks i pids=() rc=0
   ngpu=$(nvidia-smi -L | grep -c '^GPU')

@@ -26,7 +26,7 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 
 from wtconv_cuda import reference  # noqa: E402
 from wtconv_cuda.kernels.launch import (  # noqa: E402
-    CupyBackend, Problem, Weights, run_backward, run_forward,
+    CupyBackend, Problem, Tuning, Weights, plan_plane, run_backward, run_forward,
 )
 from wtconv_cuda.weights import WTConvWeights  # noqa: E402
 
@@ -87,7 +87,7 @@ def select_channels(w: WTConvWeights, chans) -> WTConvWeights:
                          w.base_scale[chans], w.wavelet_weight[:, chans], w.wavelet_scale[:, chans])
 
 
-def run_case(shape, levels, k, stride, storage, bias=True, seed=0):
+def run_case(shape, levels, k, stride, storage, bias=True, seed=0, tuning=Tuning()):
     b, c, h, w = shape
     rng = np.random.default_rng(zlib.crc32(repr((shape, levels, k, stride, storage, seed)).encode()))
     _, tol = DTYPES[storage]
@@ -103,7 +103,7 @@ def run_case(shape, levels, k, stride, storage, bias=True, seed=0):
     inputs_before = [a.copy() for a in (x_dev, dy_dev, *dev)]
 
     y_dev = poisoned((b, c, ho, wo), storage)
-    run_forward(backend(), problem, x_dev, y_dev, wdev)
+    run_forward(backend(), problem, x_dev, y_dev, wdev, tuning)
     chans = sample_channels(c)
     wsub = select_channels(wts, chans)
     y_ref = reference.forward(x[:, chans], wsub, levels, stride)
@@ -115,7 +115,7 @@ def run_case(shape, levels, k, stride, storage, bias=True, seed=0):
     for _ in range(2):
         dx_dev = poisoned(shape, storage)
         grads = Weights(*(poisoned(a.shape, storage) for a in wdev))
-        run_backward(backend(), problem, x_dev, dy_dev, dx_dev, wdev, grads)
+        run_backward(backend(), problem, x_dev, dy_dev, dx_dev, wdev, grads, tuning)
         results.append((dx_dev, grads))
     dx_ref, dw_ref = reference.backward(x[:, chans], wsub, dy[:, chans], levels, stride)
     (dx_dev, grads), (dx2_dev, grads2) = results
@@ -147,6 +147,32 @@ CASES = [(s, L, k, st) for s in SHAPES for L in LEVELS for k in KERNEL_SIZES for
 @pytest.mark.parametrize("shape,levels,k,stride", CASES)
 def test_matches_oracle(shape, levels, k, stride, storage):
     run_case(shape, levels, k, stride, storage)
+
+
+#: Backward work units of several batch entries: ragged last units (B not a
+#: multiple of rb), one unit per channel (rb = B), 32-, 64- and 128-thread planes.
+BATCH_CHUNK_CASES = [((5, 3, 17, 23), 3, 3, 1, 2), ((5, 3, 17, 23), 3, 3, 2, 5),
+                     ((4, 96, 56, 56), 5, 5, 1, 3), ((7, 8, 28, 28), 4, 5, 1, 4),
+                     ((9, 16, 7, 7), 2, 5, 1, 4)]
+# Each GPU process of the device script takes the cases of its kernel sizes.
+BATCH_CHUNK_CASES = [case for case in BATCH_CHUNK_CASES if case[2] in KERNEL_SIZES]
+
+
+@pytest.mark.parametrize("storage", list(DTYPES))
+@pytest.mark.parametrize("shape,levels,k,stride,batch_chunk", BATCH_CHUNK_CASES)
+def test_batch_chunked_backward(shape, levels, k, stride, batch_chunk, storage):
+    run_case(shape, levels, k, stride, storage, tuning=Tuning(batch_chunk=batch_chunk))
+
+
+@pytest.mark.parametrize("shape,levels", [((64, 384, 14, 14), 3), ((64, 768, 7, 7), 2)])
+def test_planner_batch_chunk_at_convnext_stages(shape, levels):
+    """The planner's own choice at the small ConvNeXt-T stages (several planes per unit)."""
+    if 5 not in KERNEL_SIZES:
+        pytest.skip("K = 5 runs in another GPU process")
+    kernels = backend()
+    problem = Problem(*shape, 5, levels, 1, "float32", True)
+    assert plan_plane(problem, True, kernels.shared_limit, kernels.max_slots).batch_chunk > 1
+    run_case(shape, levels, 5, 1, "float32")
 
 
 @pytest.mark.parametrize("shape", [(2, 3, 17, 23), (3, 5, 33, 31)])
