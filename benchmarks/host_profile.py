@@ -20,20 +20,7 @@ import pstats
 import time
 
 import numpy as np
-
-
-def per_call_us(fn, calls, sync):
-    """Host microseconds per call of ``fn`` (queued back to back), and with the final sync."""
-    for _ in range(20):
-        fn()
-    sync()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    queued = time.perf_counter()
-    sync()
-    done = time.perf_counter()
-    return (queued - start) / calls * 1e6, (done - start) / calls * 1e6
+from binding_overhead import measure  # a sibling script: benchmarks/ is on sys.path
 
 
 def split_step_us(fn, steps, torch):
@@ -124,7 +111,8 @@ def main(argv=None):
         return
 
     def add(name, fn):
-        pieces[name] = per_call_us(fn, args.calls, sync)
+        result = measure(fn, sync, args.calls, warmup=20)
+        pieces[name] = result["host_us"], result["wall_us"]
 
     with torch.no_grad():
         add("module kernel_weights() (no grad)", layer.kernel_weights)
