@@ -245,9 +245,12 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
     with ``spec.scratch``, in ``scratch``. Blocks loop over the planes with a
     stride of ``gridDim.x * planes_per_block``, so a grid smaller than the
     plane count (persistent blocks) covers them all. The backward kernel's
-    groups take work units instead of planes: ``rb`` (a header field) planes
+    groups take work units instead of planes: ``rb`` (header field
+    ``bchunk``) planes
     of one channel in turn, their weight-gradient sums kept in the slot's
-    unit-sum region and written to ``part[unit * ntaps:]`` once.
+    unit-sum region and written to ``part[unit * ntaps:]`` once. Generated
+    code names its locals apart from the header fields (which are kernel
+    parameters): a test checks that no header field is assigned.
 
     Parameters
     ----------
@@ -313,23 +316,23 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
                 _emit_plane_pass(e, spec)
                 e(f"first += cuda.gridDim.x * {G}")
         else:
-            e("# Work unit = rb consecutive batch entries of one channel, run one after",
+            e("# Work unit = bchunk consecutive batch entries of one channel, one after",
               "# the other; their weight gradients are summed in the unit-sum region",
               "# and written once. A group past the last unit recomputes the last one,",
               "# and a plane past the batch recomputes the last plane; neither stores.",
-              "nchunks = (B + rb - 1) // rb",
+              "nchunks = (B + bchunk - 1) // bchunk",
               "nunits = C * nchunks",
               "while first < nunits:")
             with e.indent():
                 e("# (few values stay live across the planes: registers are tight)",
                   "unit = first + grp if first + grp < nunits else nunits - 1",
                   "c = unit // nchunks",
-                  "b0 = (unit - c * nchunks) * rb",
+                  "bstart = (unit - c * nchunks) * bchunk",
                   "cuda.syncthreads()")
                 _emit_fold_weights(e, spec)
                 e(f"for i in range(tid, ntaps, {T}):",
                   "    S[sb + w_off + i] = fz",
-                  "for bq in range(b0, b0 + rb):")
+                  "for bq in range(bstart, bstart + bchunk):")
                 with e.indent():
                     e("valid = first + grp < nunits and bq < B",
                       "plane = (bq if bq < B else B - 1) * C + c",

@@ -40,7 +40,7 @@ import numpy as np
 #: Names of the header entries of the ``geo`` table, in order.
 HEADER_FIELDS = (
     "H", "W", "Hin", "Win", "Hout", "Wout", "L", "C", "nplanes", "slot",
-    "a_off", "a_len", "xb_off", "p_off", "has_bias", "rb", "w_off",
+    "a_off", "a_len", "xb_off", "p_off", "has_bias", "bchunk", "w_off",
 )
 HEADER = {name: i for i, name in enumerate(HEADER_FIELDS)}
 #: Per-level fields, ``LEVEL_FIELDS`` entries for each level 0..L.
@@ -238,7 +238,7 @@ def plane_layout(h: int, w: int, levels: int, kernel_size: int, strip: int,
 
     header = dict(H=h, W=w, Hin=hin, Win=win, Hout=hout, Wout=wout, L=levels, C=0,
                   nplanes=0, slot=slot, a_off=a_off, a_len=a_len, xb_off=xb_off, p_off=p_off,
-                  has_bias=0, rb=1, w_off=w_off)
+                  has_bias=0, bchunk=1, w_off=w_off)
     geo = np.zeros(LEVEL_BASE + LEVEL_STRIDE * (levels + 1), dtype=np.int64)
     for name, value in header.items():
         geo[HEADER[name]] = value
@@ -268,8 +268,8 @@ def with_problem(layout: PlaneLayout, channels: int, planes: int, has_bias: bool
     has_bias : bool
         Whether the layer has a bias (header entry ``has_bias``, 0 or 1).
     batch_chunk : int, default 1
-        Batch entries per work unit of the backward kernel (header entry
-        ``rb``): a unit runs planes ``(b, c)`` for ``rb`` consecutive ``b``
+        Batch entries per work unit of the backward kernel, ``rb`` (header
+        entry ``bchunk``): a unit runs planes ``(b, c)`` for ``rb`` consecutive ``b``
         of one channel and writes one weight-gradient partial.
 
     Returns
@@ -281,5 +281,5 @@ def with_problem(layout: PlaneLayout, channels: int, planes: int, has_bias: bool
     geo[HEADER["C"]] = channels
     geo[HEADER["nplanes"]] = planes
     geo[HEADER["has_bias"]] = int(has_bias)
-    geo[HEADER["rb"]] = batch_chunk
+    geo[HEADER["bchunk"]] = batch_chunk
     return geo

@@ -1,0 +1,61 @@
+"""Static checks of the generated kernel source (no simulator, no compiler)."""
+
+import ast
+import itertools
+
+import pytest
+
+from wtconv_cuda.kernels.codegen import (
+    FinalizeSpec, PlaneSpec, finalize_kernel_source, plane_kernel_source,
+)
+
+PLANE_SPECS = [
+    PlaneSpec(k, storage, in_stride, out_stride, backward, scratch, threads, strip, 0, group,
+              threads == 32)
+    for k, storage, (in_stride, out_stride), backward, scratch, (threads, strip, group)
+    in itertools.product((1, 3, 5), ("float32", "bfloat16"), ((1, 1), (2, 1), (1, 2), (1, 3)),
+                         (False, True), (False, True), ((32, 1, 8), (64, 2, 2), (128, 4, 1)))
+]
+
+
+def bound_names(target: ast.AST) -> set[str]:
+    """Names a target rebinds (``a``, ``a, b``), not those it only indexes (``S[a] = ...``)."""
+    if isinstance(target, ast.Name):
+        return {target.id}
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return set().union(*(bound_names(t) for t in target.elts))
+    return set()
+
+
+def assigned_names(tree: ast.AST) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For)):
+            targets = [node.target]
+        for target in targets:
+            names |= bound_names(target)
+    return names
+
+
+def test_the_check_sees_a_rebinding():
+    tree = ast.parse("def f(a, b, S):\n    S[a] = 1\n    b += 1\n    for c, d in x:\n        pass")
+    assert assigned_names(tree) == {"b", "c", "d"}
+
+
+@pytest.mark.parametrize("spec", PLANE_SPECS, ids=repr)
+def test_plane_kernel_never_assigns_its_parameters(spec):
+    """Header fields and pointers are kernel parameters; a local of the same name would
+    silently replace them (as a strip-row index once replaced the batch chunk)."""
+    function = ast.parse(plane_kernel_source(spec)).body[0]
+    parameters = {a.arg for a in function.args.args}
+    assert not parameters & assigned_names(function)
+
+
+@pytest.mark.parametrize("k", [1, 3, 5, 7])
+def test_finalize_kernel_never_assigns_its_parameters(k):
+    function = ast.parse(finalize_kernel_source(FinalizeSpec(k, "float32", 128))).body[0]
+    parameters = {a.arg for a in function.args.args}
+    assert not parameters & assigned_names(function)
