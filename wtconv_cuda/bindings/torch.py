@@ -640,8 +640,9 @@ class WTConv2d(nn.Module):
         WTConvWeights
             ``base_weight (C, K, K)``, ``base_bias (C,)`` or None,
             ``base_scale (C,)``, ``wavelet_weight (L, C, 4, K, K)`` (a stacked
-            copy for ``L > 1``, a view for ``L == 1``; differentiable) and ``wavelet_scale (L, C, 4)``; tensors that
-            carry autograd history to the parameters.
+            copy for ``L > 1``, a view for ``L == 1``; differentiable) and
+            ``wavelet_scale (L, C, 4)``; tensors that carry autograd history
+            to the parameters.
         """
         c, k = self.in_channels, self.kernel_size
         base = self.base_conv.weight

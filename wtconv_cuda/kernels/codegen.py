@@ -874,7 +874,8 @@ def finalize_kernel_source(spec: FinalizeSpec) -> str:
           f"ntaps = {K2 + 1} + {4 * K2} * L",
           f"for t in range(tid, ntaps, {T}):")
         with e.indent():
-            e("tot = fz", "for u in range(nchunks):", "    tot += part[(c * nchunks + u) * ntaps + t]",
+            e("tot = fz", "for u in range(nchunks):",
+              "    tot += part[(c * nchunks + u) * ntaps + t]",
               f"if t > {K2}:", "    tot = tot * float32(0.25)", "G[t] = tot")
         e("cuda.syncthreads()",
           "s0c = " + ld("s0[c]"),

@@ -243,6 +243,9 @@ class Launch(NamedTuple):
     units : int
         Backward: work units, ``C * ceil(B / batch_chunk)``, each writing
         ``ntaps`` weight-gradient partials; 0 forward.
+    finalize_dims : numpy.ndarray or None
+        Backward: the finalize kernel's read-only ``dims`` table ``(B, C, L,
+        has_bias, units // C)``; None forward.
     """
 
     spec: PlaneSpec
@@ -255,6 +258,7 @@ class Launch(NamedTuple):
     header: tuple = ()
     batch_chunk: int = 1
     units: int = 0
+    finalize_dims: np.ndarray | None = None
 
     @property
     def partial_floats(self) -> int:
@@ -313,7 +317,7 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
     warp_sync = threads == 32 if tuning.warp_sync is None else tuning.warp_sync
     spec = PlaneSpec(p.kernel_size, p.storage, in_stride, out_stride, backward, scratch,
                      threads, strip, max_registers, group, warp_sync)
-    rb, units = 1, 0
+    rb, units, dims = 1, 0, None
     if backward:
         if scratch:
             rb = 1
@@ -322,6 +326,9 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
         else:
             rb = batch_chunk(p, layout.ntaps, group, max_slots)
         units = p.channels * -(-p.batch // rb)
+        dims = np.array([p.batch, p.channels, p.levels, int(p.has_bias), units // p.channels],
+                        dtype=np.int64)
+        dims.setflags(write=False)
     geo = with_problem(layout, p.channels, planes, p.has_bias, rb)
     geo.setflags(write=False)  # shared by every call through the plan cache
     header = tuple(np.int64(v) for v in geo[:len(HEADER_FIELDS)])
@@ -329,9 +336,9 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
     if scratch:
         blocks = max(1, min(blocks, max_slots // group))
         return Launch(spec, blocks, threads * group, 0, blocks * group * layout.slot_floats,
-                      geo, layout.ntaps, header, rb, units)
+                      geo, layout.ntaps, header, rb, units, dims)
     return Launch(spec, blocks, threads * group, group * slot_bytes, 0, geo, layout.ntaps,
-                  header, rb, units)
+                  header, rb, units, dims)
 
 
 class CupyBackend:
@@ -644,9 +651,7 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
     args = (dy, dx, x, *weights, partial, scratch, geo, *launch.header)
     backend.call(backend.kernel(launch.spec), launch.grid, launch.block, args, launch.shared_bytes)
 
-    dims = backend.table(np.array([problem.batch, problem.channels, problem.levels,
-                                   int(problem.has_bias), launch.units // problem.channels],
-                                  dtype=np.int64))
+    dims = backend.table(launch.finalize_dims)
     finalize = backend.kernel(FinalizeSpec(problem.kernel_size, problem.storage, FINALIZE_THREADS))
     args = (partial, *weights, *grads, dims)
     backend.call(finalize, problem.channels, FINALIZE_THREADS, args, 4 * launch.ntaps)
