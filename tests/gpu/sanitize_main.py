@@ -3,7 +3,9 @@
 Covers the shared-memory variant (several one-warp planes per block with
 warp barriers, and one 128-thread plane per block), the global
 scratch variant (persistent blocks over planes), strides 1, 2 and 3, float32
-and float16, and levels deeper than the image. Every output is poisoned with
+and float16, levels deeper than the image, and backward work units of
+several batch entries (``batch_chunk`` forced: ragged last units, several
+units per block, thread groups past the last unit). Every output is poisoned with
 NaN first and compared with the float64 oracle; the exit status is non-zero
 on a mismatch. ``--warmup`` only compiles the kernels (run it outside the
 sanitizer: compiling under it is slow).
@@ -17,22 +19,26 @@ import numpy as np
 
 import cupy
 from wtconv_cuda import WTConvWeights, reference
-from wtconv_cuda.kernels.launch import CupyBackend, Problem, Weights, run_backward, run_forward
+from wtconv_cuda.kernels.launch import (CupyBackend, Problem, Tuning, Weights, run_backward,
+                                       run_forward)
 
-CASES = [  # (B, C, H, W), K, L, stride, storage, scratch
-    ((2, 3, 17, 23), 3, 2, 1, "float32", False),
-    ((2, 2, 9, 7), 5, 3, 2, "float16", False),
-    ((1, 2, 3, 2), 3, 4, 1, "float32", False),
-    ((1, 2, 48, 46), 5, 3, 1, "float32", False),  # 128 threads, one plane per block
-    ((3, 2, 33, 31), 3, 2, 1, "float32", True),
-    ((2, 3, 20, 18), 5, 2, 3, "float32", True),
-    ((1, 5, 64, 64), 5, 4, 1, "float16", True),
+CASES = [  # (B, C, H, W), K, L, stride, storage, scratch, backward batch chunk (0: default)
+    ((2, 3, 17, 23), 3, 2, 1, "float32", False, 0),
+    ((2, 2, 9, 7), 5, 3, 2, "float16", False, 0),
+    ((1, 2, 3, 2), 3, 4, 1, "float32", False, 0),
+    ((1, 2, 48, 46), 5, 3, 1, "float32", False, 0),  # 128 threads, one plane per block
+    ((3, 2, 33, 31), 3, 2, 1, "float32", True, 0),
+    ((2, 3, 20, 18), 5, 2, 3, "float32", True, 0),
+    ((1, 5, 64, 64), 5, 4, 1, "float16", True, 0),
+    ((5, 3, 7, 7), 5, 2, 1, "float32", False, 2),  # ragged units, 2 units of 3 per block
+    ((9, 2, 14, 13), 3, 3, 1, "float16", False, 4),
+    ((7, 4, 28, 28), 5, 4, 1, "float32", False, 3),  # 64-thread planes, block barriers
 ]
 TOL = {"float32": 1e-5, "float16": 2e-3}
 
 
 def run(case, check=True):
-    shape, k, levels, stride, storage, scratch = case
+    shape, k, levels, stride, storage, scratch, chunk = case
     dtype = np.float32 if storage == "float32" else np.float16
     b, c, h, w = shape
     rng = np.random.default_rng(0)
@@ -52,7 +58,7 @@ def run(case, check=True):
     run_forward(backend, problem, x, y, dev)
     dx = cupy.full(shape, cupy.nan, dtype)
     grads = Weights(*(cupy.full(p.shape, cupy.nan, dtype) for p in params))
-    run_backward(backend, problem, x, dy, dx, dev, grads)
+    run_backward(backend, problem, x, dy, dx, dev, grads, Tuning(batch_chunk=chunk or None))
     cupy.cuda.Device().synchronize()
     if not check:
         return True
