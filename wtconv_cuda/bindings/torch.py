@@ -6,8 +6,10 @@ Under ``torch.compile`` (and ``torch.export``) the layer runs as two
 registered autograd formula, so that ``torch.compile(fullgraph=True)``,
 ``torch.export`` and ``torch.library.opcheck`` see one opaque,
 shape-propagating op per call. In eager mode the functional form and the
-module call the same implementations through one ``torch.autograd.Function``,
-which costs far less host time than the op dispatch (bit-identical results).
+module call the same implementations through one ``torch.autograd.Function``
+each, which costs far less host time than the op dispatch (bit-identical
+results). The module's ``Function`` takes its parameters as they are: no
+per-parameter view, stack or autocast-cast nodes (see ``_ModuleWTConv``).
 
 Devices
     CUDA tensors run the fused kernels of :mod:`wtconv_cuda.kernels`
@@ -31,9 +33,10 @@ Dtypes
     the weights to the autocast dtype first, exactly like convolutions do
     (float64 tensors are left alone), so the kernels run in float16 or
     bfloat16 and the output has the autocast dtype; gradients flow back to the
-    float32 parameters through the casts. Weight gradients are then computed
-    with float32 accumulation and rounded to the autocast dtype before the cast
-    back, as for a convolution under autocast.
+    float32 parameters through the casts (the module casts its parameters
+    inside its one autograd node, with the same result). Weight gradients are
+    then computed with float32 accumulation and rounded to the autocast dtype
+    before the cast back, as for a convolution under autocast.
 
 First call and CUDA graphs
     The first call for a new problem size compiles (or loads) the kernel
@@ -220,17 +223,54 @@ def _forward_cuda(x, bw, bb, bs, ww, ws, stride, sizes):
     return y
 
 
-def _backward_cuda(dy, x, bw, bb, bs, ww, ws, stride, sizes):
+def _weight_shapes(sizes, has_bias):
+    """Shapes of the weights in the :class:`~wtconv_cuda.WTConvWeights` layouts, in flat order."""
+    c, k, levels = sizes.channels, sizes.kernel_size, sizes.levels
+    bias = [(c,)] if has_bias else []
+    return [(c, k, k), *bias, (c,), (levels, c, 4, k, k), (levels, c, 4)]
+
+
+def _flat_views(flat, shapes):
+    """Consecutive views of the 1-D tensor ``flat`` with the given shapes."""
+    views, start = [], 0
+    for shape in shapes:
+        n = 1
+        for d in shape:
+            n *= d
+        views.append(flat[start:start + n].view(shape))
+        start += n
+    return views
+
+
+def _backward_cuda(dy, x, bw, bb, bs, ww, ws, stride, sizes, flat_grads=False):
+    """The fused backward; with ``flat_grads`` the weight gradients share one buffer.
+
+    Returns ``(dx, d_bw, d_bias, d_bs, d_ww, d_ws)``; with ``flat_grads`` also
+    the buffer (last), whose consecutive views are the weight gradients in the
+    order of :func:`_weight_shapes` (one allocation instead of five).
+    """
     from ..kernels.launch import run_backward
 
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    grads = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (bw, bs, ww, ws)]
-    d_bias = bs.new_empty((0,)) if bb is None else torch.empty_like(bb, memory_format=torch.contiguous_format)
-    d_bw, d_bs, d_ww, d_ws = grads
+    if flat_grads:
+        shapes = _weight_shapes(sizes, bb is not None)
+        flat = torch.empty(sum(int(np.prod(s)) for s in shapes), dtype=x.dtype, device=x.device)
+        views = _flat_views(flat, shapes)
+        if bb is None:
+            views.insert(1, bs.new_empty((0,)))
+        d_bw, d_bias, d_bs, d_ww, d_ws = views
+        zero = (flat,)
+    else:
+        d_bw, d_bs, d_ww, d_ws = grads = [torch.empty(t.shape, dtype=t.dtype, device=t.device)
+                                          for t in (bw, bs, ww, ws)]
+        d_bias = bs.new_empty((0,)) if bb is None else torch.empty_like(
+            bb, memory_format=torch.contiguous_format)
+        zero = (*grads, d_bias)
+    extra = (flat,) if flat_grads else ()
     if sizes.batch == 0:  # an empty batch contributes nothing to the weight gradients
-        for g in (*grads, d_bias):
+        for g in zero:
             g.zero_()
-        return dx, d_bw, d_bias, d_bs, d_ww, d_ws
+        return (dx, d_bw, d_bias, d_bs, d_ww, d_ws, *extra)
     dy = dy.to(x.dtype).contiguous()
     x, bw, bs, ww, ws = (t.contiguous() for t in (x, bw, bs, ww, ws))
     bb = None if bb is None else bb.contiguous()
@@ -239,7 +279,7 @@ def _backward_cuda(dy, x, bw, bb, bs, ww, ws, stride, sizes):
         run_backward(launcher, _problem(x, sizes, stride, bb is not None), _ptr(x), _ptr(dy),
                      _ptr(dx), _kernel_weights(bw, bb, bs, ww, ws),
                      _kernel_weights(d_bw, None if bb is None else d_bias, d_bs, d_ww, d_ws))
-    return dx, d_bw, d_bias, d_bs, d_ww, d_ws
+    return (dx, d_bw, d_bias, d_bs, d_ww, d_ws, *extra)
 
 
 #: Device type -> (forward, backward) implementation of the ops.
@@ -422,6 +462,81 @@ class _EagerWTConv(torch.autograd.Function):
             dy, x, base_weight, base_bias, base_scale, wavelet_weight, wavelet_scale, stride,
             sizes)
         return dx, d_bw, (None if base_bias is None else d_bb), d_bs, d_ww, d_ws, None, None
+
+
+class _ModuleWTConv(torch.autograd.Function):
+    """The module's eager path: its parameters in, as they are, and their gradients out.
+
+    ``WTConv2d`` holds its parameters in the published shapes, one
+    ``(4C, 1, K, K)`` kernel and one ``(1, 4C, 1, 1)`` scale per level. Going
+    through :func:`wtconv2d` costs a view per parameter, two ``torch.stack``
+    calls for ``L > 1`` and a cast per parameter under autocast, each an
+    autograd node with its own host cost in both directions. This
+    ``Function`` takes the parameters directly (``base_weight``,
+    ``base_bias`` if any, ``base_scale``, the ``L`` level kernels, the ``L``
+    level scales) and, only where needed (``L > 1``, or a cast), packs them
+    with one ``torch.cat`` (and one cast) into a buffer whose consecutive
+    views are the kernel layouts; that snapshot is what the backward uses.
+    The weight gradients come back in one buffer (one cast back to the
+    parameters' dtype under autocast), returned as views in each parameter's
+    shape. Results are bit-identical to :func:`wtconv2d` on
+    :meth:`WTConv2d.kernel_weights` (a CPU test checks it).
+    """
+
+    @staticmethod
+    def forward(ctx, x, stride, sizes, has_bias, *params):
+        shapes = _weight_shapes(sizes, has_bias)
+        if sizes.levels > 1 or params[0].dtype != x.dtype:
+            flat = torch.cat([p.reshape(-1) for p in params])
+            if flat.dtype != x.dtype:
+                flat = flat.to(x.dtype)
+            weights = _flat_views(flat, shapes)
+            ctx.packed = tuple(weights)
+            ctx.save_for_backward(x)
+        else:
+            weights = _canonical_weights(params, shapes, sizes)
+            ctx.packed = None
+            ctx.save_for_backward(x, *params)
+        if not has_bias:
+            weights.insert(1, None)
+        _check_dtypes_devices(x, *weights)
+        ctx.stride, ctx.sizes, ctx.has_bias = stride, sizes, has_bias
+        ctx.param_shapes = [p.shape for p in params]
+        ctx.param_dtype = params[0].dtype
+        forward, _ = _IMPLS[x.device.type]
+        return forward(x, *weights, stride, sizes)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        x, *params = ctx.saved_tensors
+        stride, sizes, has_bias = ctx.stride, ctx.sizes, ctx.has_bias
+        if ctx.packed is None:
+            weights = _canonical_weights(params, _weight_shapes(sizes, has_bias), sizes)
+        else:
+            weights = list(ctx.packed)
+        if not has_bias:
+            weights.insert(1, None)
+        _check_dy(dy, x, sizes, stride)
+        _, backward = _IMPLS[x.device.type]
+        if backward is _backward_cuda:
+            dx, *_, flat = _backward_cuda(dy, x, *weights, stride, sizes, flat_grads=True)
+        else:
+            dx, *grads = backward(dy, x, *weights, stride, sizes)
+            if not has_bias:
+                del grads[1]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+        if flat.dtype != ctx.param_dtype:
+            flat = flat.to(ctx.param_dtype)
+        return (dx, None, None, None, *_flat_views(flat, ctx.param_shapes))
+
+
+def _canonical_weights(params, shapes, sizes):
+    """Views of unpacked parameters (``L <= 1``) in the kernel layouts, as a list."""
+    base = [p.reshape(shape) for p, shape in zip(params, shapes[:-2])]
+    if sizes.levels:
+        return [*base, params[-2].reshape(shapes[-2]), params[-1].reshape(shapes[-1])]
+    return [*base, params[0].new_zeros(shapes[-2]), params[0].new_zeros(shapes[-1])]
 
 
 # ---------------------------------------------------------------------------
@@ -671,8 +786,41 @@ class WTConv2d(nn.Module):
         torch.Tensor, shape (B, C, ceil(H/stride), ceil(W/stride))
             The layer's output (``x``'s dtype, or the autocast dtype).
         """
-        w = self.kernel_weights()
-        return wtconv2d(x, *w, levels=self.wt_levels, stride=self.stride)
+        if torch.compiler.is_compiling():
+            w = self.kernel_weights()
+            return wtconv2d(x, *w, levels=self.wt_levels, stride=self.stride)
+        return self._forward_eager(x)
+
+    def _parameters_in_flat_order(self):
+        """``base_weight``, ``base_bias`` (if any), ``base_scale``, level kernels, level scales."""
+        bias = self.base_conv.bias
+        return (self.base_conv.weight, *(() if bias is None else (bias,)), self.base_scale.weight,
+                *(m.weight for m in self.wavelet_convs), *(m.weight for m in self.wavelet_scale))
+
+    def _forward_eager(self, x):
+        """The eager call: :class:`_ModuleWTConv` on the parameters (no per-parameter nodes)."""
+        c, k, levels = self.in_channels, self.kernel_size, self.wt_levels
+        has_bias = self.base_conv.bias is not None
+        sizes = _common.check_layer(tuple(x.shape), (c, k, k), (c,) if has_bias else None, (c,),
+                                    (levels, c, 4, k, k), (levels, c, 4), levels, self.stride)
+        params = self._parameters_in_flat_order()
+        dtype = params[0].dtype
+        for p in params[1:]:
+            if p.dtype != dtype:
+                raise TypeError(f"the layer's parameters have mixed dtypes ({dtype}, {p.dtype})")
+        kind = x.device.type
+        if torch.is_autocast_enabled(kind):  # cast like a convolution; float64 is left alone
+            target = torch.get_autocast_dtype(kind)
+            if x.is_floating_point() and x.dtype != torch.float64:
+                x = x.to(target)
+            if dtype.is_floating_point and dtype != torch.float64:
+                dtype = target
+        if dtype != x.dtype:
+            raise TypeError(
+                f"base_weight has dtype {params[0].dtype} but x has dtype {x.dtype}; they must "
+                "match (use torch.autocast or cast the module)"
+            )
+        return _ModuleWTConv.apply(x, int(self.stride), sizes, has_bias, *params)
 
     def to_weights(self):
         """Detached copies of the parameters as a :class:`~wtconv_cuda.WTConvWeights`.
