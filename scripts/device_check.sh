@@ -182,19 +182,19 @@ run_torchstep() {
   # ConvNeXt-T stage benchmark and the bf16 network step where host cost shows.
   echo "== torch module path: GPU tests, stage benchmark, WTConvNeXt-T bf16 eager"
   local jobs; jobs=$(nproc); [ "$jobs" -gt 32 ] && jobs=32
-  timeout 120 python3 -m wtconv_cuda.kernels.warmup --kernel-sizes 5 --strides 1 --jobs "$jobs" \
+  timeout 100 python3 -m wtconv_cuda.kernels.warmup --kernel-sizes 5 --strides 1 --jobs "$jobs" \
     --storage float32 float16 bfloat16 \
     --planes 29x26 30x27 40x36 64x64 20x31 56x56 28x28 14x14 7x7 2>&1 | tail -n 1
-  WTCONV_TEST_GPU=1 timeout 120 python3 -m pytest -q -rfE -p no:cacheprovider -p no:benchmark \
+  WTCONV_TEST_GPU=1 timeout 80 python3 -m pytest -q -rfE -p no:cacheprovider -p no:benchmark \
     tests/gpu/test_bindings_gpu.py \
     -k "module_path or autocast or cuda_graph or zero_copy or module_in_bfloat16" \
     2>&1 | tee "$OUT/gpu_torch_module.log" | tail -n 4
   local rc=${PIPESTATUS[0]}
-  timeout 90 python3 -m wtconv_cuda.bench --shapes convnext --dtypes float32 bfloat16 \
+  timeout 70 python3 -m wtconv_cuda.bench --shapes convnext --dtypes float32 bfloat16 \
     --out "$OUT" >"$OUT/bench.log" 2>&1 || rc=1
   tail -n 24 "$OUT/bench.log"
-  timeout 120 python3 benchmarks/wtconvnext.py throughput --nets convnext wtconvnext \
-    --dtypes bf16 --modes eager --budget-s 110 --json "$OUT/wtconvnext_bf16_eager.json" \
+  timeout 75 python3 benchmarks/wtconvnext.py throughput --nets convnext wtconvnext \
+    --dtypes bf16 --modes eager --budget-s 70 --json "$OUT/wtconvnext_bf16_eager.json" \
     >"$OUT/wtconvnext_bf16_eager.log" 2>&1 || rc=1
   tail -n 6 "$OUT/wtconvnext_bf16_eager.log"
   return $rc
