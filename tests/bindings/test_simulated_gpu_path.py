@@ -148,8 +148,8 @@ def test_torch_gpu_path(simulated, monkeypatch, rng, shape, k, levels, stride, b
 
 @pytest.mark.parametrize("levels,bias", [(2, True), (1, False)])
 def test_torch_module_gpu_path(simulated, monkeypatch, rng, levels, bias):
-    """The module's eager path on the GPU implementation: parameters packed (L > 1) or
-    passed as they are (L = 1), weight gradients written to one flat buffer."""
+    """The module's eager path on the GPU implementation: level parameters joined
+    (L > 1) or passed as they are (L = 1), level gradients split back per level."""
     torch = pytest.importorskip("torch")
     from wtconv_cuda.bindings import torch as wttorch
 

@@ -430,8 +430,9 @@ def test_module_gradients_accumulate_over_calls():
 
 
 def test_module_parameters_modified_in_place_after_forward():
-    """L = 1 saves the parameters: PyTorch's in-place check applies. L > 1 packs a
-    snapshot at forward time, so the backward uses the forward's weights."""
+    """Parameters the backward reads are saved: PyTorch's in-place check applies. For
+    L > 1 the level parameters are joined at forward time, so the backward uses the
+    forward's values of those."""
     layer = WTConv2d(2, 2, 3, wt_levels=1, dtype=torch.float64)
     y = layer(torch.randn(1, 2, 6, 6, dtype=torch.float64))
     with torch.no_grad():
@@ -447,7 +448,7 @@ def test_module_parameters_modified_in_place_after_forward():
     layer.zero_grad(set_to_none=True)
     y = layer(x)
     with torch.no_grad():
-        for p in layer.parameters():
+        for p in (*layer.wavelet_convs.parameters(), *layer.wavelet_scale.parameters()):
             p.mul_(3)
     y.sum().backward()
     for p, g in zip(layer.parameters(), want):

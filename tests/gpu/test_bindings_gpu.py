@@ -136,8 +136,8 @@ def test_module_in_bfloat16_and_non_contiguous_input():
                                                   (0, True, None), (2, True, torch.bfloat16)],
                          ids=str)
 def test_module_path_bitwise_equal_to_the_ops(levels, bias, autocast):
-    """The module's eager path (parameters packed in one buffer, weight gradients
-    written to one buffer) gives exactly what the ops give on kernel_weights()."""
+    """The module's eager path (parameters as they are, level parameters joined by
+    one cat each) gives exactly what the ops give on kernel_weights()."""
     layer = make_layer(16, 5, levels, bias=bias, seed=7)
     x = torch.randn(3, 16, 29, 26, device=DEV, requires_grad=True)
     context = (torch.autocast("cuda", dtype=autocast) if autocast

@@ -223,54 +223,17 @@ def _forward_cuda(x, bw, bb, bs, ww, ws, stride, sizes):
     return y
 
 
-def _weight_shapes(sizes, has_bias):
-    """Shapes of the weights in the :class:`~wtconv_cuda.WTConvWeights` layouts, in flat order."""
-    c, k, levels = sizes.channels, sizes.kernel_size, sizes.levels
-    bias = [(c,)] if has_bias else []
-    return [(c, k, k), *bias, (c,), (levels, c, 4, k, k), (levels, c, 4)]
-
-
-def _flat_views(flat, shapes):
-    """Consecutive views of the 1-D tensor ``flat`` with the given shapes."""
-    views, start = [], 0
-    for shape in shapes:
-        n = 1
-        for d in shape:
-            n *= d
-        views.append(flat[start:start + n].view(shape))
-        start += n
-    return views
-
-
-def _backward_cuda(dy, x, bw, bb, bs, ww, ws, stride, sizes, flat_grads=False):
-    """The fused backward; with ``flat_grads`` the weight gradients share one buffer.
-
-    Returns ``(dx, d_bw, d_bias, d_bs, d_ww, d_ws)``; with ``flat_grads`` also
-    the buffer (last), whose consecutive views are the weight gradients in the
-    order of :func:`_weight_shapes` (one allocation instead of five).
-    """
+def _backward_cuda(dy, x, bw, bb, bs, ww, ws, stride, sizes):
     from ..kernels.launch import run_backward
 
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if flat_grads:
-        shapes = _weight_shapes(sizes, bb is not None)
-        flat = torch.empty(sum(int(np.prod(s)) for s in shapes), dtype=x.dtype, device=x.device)
-        views = _flat_views(flat, shapes)
-        if bb is None:
-            views.insert(1, bs.new_empty((0,)))
-        d_bw, d_bias, d_bs, d_ww, d_ws = views
-        zero = (flat,)
-    else:
-        d_bw, d_bs, d_ww, d_ws = grads = [torch.empty(t.shape, dtype=t.dtype, device=t.device)
-                                          for t in (bw, bs, ww, ws)]
-        d_bias = bs.new_empty((0,)) if bb is None else torch.empty_like(
-            bb, memory_format=torch.contiguous_format)
-        zero = (*grads, d_bias)
-    extra = (flat,) if flat_grads else ()
+    grads = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (bw, bs, ww, ws)]
+    d_bias = bs.new_empty((0,)) if bb is None else torch.empty_like(bb, memory_format=torch.contiguous_format)
+    d_bw, d_bs, d_ww, d_ws = grads
     if sizes.batch == 0:  # an empty batch contributes nothing to the weight gradients
-        for g in zero:
+        for g in (*grads, d_bias):
             g.zero_()
-        return (dx, d_bw, d_bias, d_bs, d_ww, d_ws, *extra)
+        return dx, d_bw, d_bias, d_bs, d_ww, d_ws
     dy = dy.to(x.dtype).contiguous()
     x, bw, bs, ww, ws = (t.contiguous() for t in (x, bw, bs, ww, ws))
     bb = None if bb is None else bb.contiguous()
@@ -279,7 +242,7 @@ def _backward_cuda(dy, x, bw, bb, bs, ww, ws, stride, sizes, flat_grads=False):
         run_backward(launcher, _problem(x, sizes, stride, bb is not None), _ptr(x), _ptr(dy),
                      _ptr(dx), _kernel_weights(bw, bb, bs, ww, ws),
                      _kernel_weights(d_bw, None if bb is None else d_bias, d_bs, d_ww, d_ws))
-    return (dx, d_bw, d_bias, d_bs, d_ww, d_ws, *extra)
+    return dx, d_bw, d_bias, d_bs, d_ww, d_ws
 
 
 #: Device type -> (forward, backward) implementation of the ops.
@@ -470,73 +433,75 @@ class _ModuleWTConv(torch.autograd.Function):
     ``WTConv2d`` holds its parameters in the published shapes, one
     ``(4C, 1, K, K)`` kernel and one ``(1, 4C, 1, 1)`` scale per level. Going
     through :func:`wtconv2d` costs a view per parameter, two ``torch.stack``
-    calls for ``L > 1`` and a cast per parameter under autocast, each an
-    autograd node with its own host cost in both directions. This
-    ``Function`` takes the parameters directly (``base_weight``,
-    ``base_bias`` if any, ``base_scale``, the ``L`` level kernels, the ``L``
-    level scales) and, only where needed (``L > 1``, or a cast), packs them
-    with one ``torch.cat`` (and one cast) into a buffer whose consecutive
-    views are the kernel layouts; that snapshot is what the backward uses.
-    The weight gradients come back in one buffer (one cast back to the
-    parameters' dtype under autocast), returned as views in each parameter's
-    shape. Results are bit-identical to :func:`wtconv2d` on
-    :meth:`WTConv2d.kernel_weights` (a CPU test checks it).
+    calls for ``L > 1`` and, under autocast, a cast per weight, each an
+    autograd node with host cost in both directions. This ``Function`` takes
+    the parameters directly (``base_weight``, ``base_bias`` if any,
+    ``base_scale``, the ``L`` level kernels, the ``L`` level scales). The GPU
+    kernels only need the bytes in the right order, so for ``L > 1`` the
+    level kernels and scales are joined by one ``torch.cat`` each along
+    their first channel axis (``(L*4C, 1, K, K)`` and ``(1, L*4C, 1, 1)``
+    hold the ``(L, C, 4, K, K)`` and ``(L, C, 4)`` layouts), and the
+    gradients of those come back split into per-level views. Other
+    implementations (the CPU oracle) get the :class:`~wtconv_cuda.WTConvWeights`
+    shapes. Results are bit-identical to :func:`wtconv2d` on
+    :meth:`WTConv2d.kernel_weights` (tests check it on the CPU and the GPU).
     """
 
     @staticmethod
     def forward(ctx, x, stride, sizes, has_bias, *params):
-        shapes = _weight_shapes(sizes, has_bias)
-        if sizes.levels > 1 or params[0].dtype != x.dtype:
-            flat = torch.cat([p.reshape(-1) for p in params])
-            if flat.dtype != x.dtype:
-                flat = flat.to(x.dtype)
-            weights = _flat_views(flat, shapes)
-            ctx.packed = tuple(weights)
-            ctx.save_for_backward(x)
+        levels, n = sizes.levels, 3 if has_bias else 2
+        weights = list(params[:n])
+        if levels == 1:
+            weights += params[n:]
+        elif levels > 1:
+            weights += (torch.cat(params[n:n + levels]), torch.cat(params[n + levels:], 1))
         else:
-            weights = _canonical_weights(params, shapes, sizes)
-            ctx.packed = None
-            ctx.save_for_backward(x, *params)
+            weights += (params[0].new_empty((0,)), params[0].new_empty((0,)))
+        if params[0].dtype != x.dtype:  # autocast
+            weights = [w.to(x.dtype) for w in weights]
         if not has_bias:
             weights.insert(1, None)
-        _check_dtypes_devices(x, *weights)
-        ctx.stride, ctx.sizes, ctx.has_bias = stride, sizes, has_bias
-        ctx.param_shapes = [p.shape for p in params]
-        ctx.param_dtype = params[0].dtype
+        ctx.save_for_backward(x, *weights)
+        ctx.stride, ctx.sizes, ctx.param_dtype = stride, sizes, params[0].dtype
         forward, _ = _IMPLS[x.device.type]
+        if forward is not _forward_cuda:
+            weights = _weights_layout(weights, sizes)
+        _check_dtypes_devices(x, *weights)
         return forward(x, *weights, stride, sizes)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
-        x, *params = ctx.saved_tensors
-        stride, sizes, has_bias = ctx.stride, ctx.sizes, ctx.has_bias
-        if ctx.packed is None:
-            weights = _canonical_weights(params, _weight_shapes(sizes, has_bias), sizes)
-        else:
-            weights = list(ctx.packed)
-        if not has_bias:
-            weights.insert(1, None)
+        x, *weights = ctx.saved_tensors
+        stride, sizes = ctx.stride, ctx.sizes
         _check_dy(dy, x, sizes, stride)
         _, backward = _IMPLS[x.device.type]
         if backward is _backward_cuda:
-            dx, *_, flat = _backward_cuda(dy, x, *weights, stride, sizes, flat_grads=True)
+            dx, *grads = _backward_cuda(dy, x, *weights, stride, sizes)
         else:
-            dx, *grads = backward(dy, x, *weights, stride, sizes)
-            if not has_bias:
-                del grads[1]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-        if flat.dtype != ctx.param_dtype:
-            flat = flat.to(ctx.param_dtype)
-        return (dx, None, None, None, *_flat_views(flat, ctx.param_shapes))
+            dx, *grads = backward(dy, x, *_weights_layout(weights, sizes), stride, sizes)
+            grads = [None if w is None else g.reshape(w.shape) for g, w in zip(grads, weights)]
+        if weights[1] is None:
+            del grads[1]
+        if grads[0].dtype != ctx.param_dtype:
+            grads = [g.to(ctx.param_dtype) for g in grads]
+        d_ww, d_ws = grads[-2:]
+        if sizes.levels == 0:
+            levels = ()
+        elif sizes.levels == 1:
+            levels = (d_ww, d_ws)
+        else:
+            four_c = 4 * sizes.channels
+            levels = (*d_ww.split(four_c), *d_ws.split(four_c, 1))
+        return (dx, None, None, None, *grads[:-2], *levels)
 
 
-def _canonical_weights(params, shapes, sizes):
-    """Views of unpacked parameters (``L <= 1``) in the kernel layouts, as a list."""
-    base = [p.reshape(shape) for p, shape in zip(params, shapes[:-2])]
-    if sizes.levels:
-        return [*base, params[-2].reshape(shapes[-2]), params[-1].reshape(shapes[-1])]
-    return [*base, params[0].new_zeros(shapes[-2]), params[0].new_zeros(shapes[-1])]
+def _weights_layout(weights, sizes):
+    """The module's weights (see :class:`_ModuleWTConv`) in the WTConvWeights shapes."""
+    c, k, levels = sizes.channels, sizes.kernel_size, sizes.levels
+    bw, bb, bs, ww, ws = weights
+    return [bw.reshape(c, k, k), bb, bs.reshape(c), ww.reshape(levels, c, 4, k, k),
+            ws.reshape(levels, c, 4)]
 
 
 # ---------------------------------------------------------------------------
