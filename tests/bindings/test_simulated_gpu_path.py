@@ -146,19 +146,37 @@ def test_torch_gpu_path(simulated, monkeypatch, rng, shape, k, levels, stride, b
         assert len(simulated.allocations) >= 3  # forward scratch; backward partials + scratch
 
 
-def test_torch_module_gpu_path(simulated, monkeypatch, rng):
+@pytest.mark.parametrize("levels,bias", [(2, True), (1, False)])
+def test_torch_module_gpu_path(simulated, monkeypatch, rng, levels, bias):
+    """The module on the GPU implementation, forward and every parameter gradient,
+    against the same module on the oracle path."""
     torch = pytest.importorskip("torch")
     from wtconv_cuda.bindings import torch as wttorch
 
     monkeypatch.setattr(wttorch, "_launcher", lambda device: _common.PointerLauncher(
         simulated.device, FakeStream(), simulated.allocate, simulated.make_table))
     monkeypatch.setattr(wttorch, "_ptr", lambda t: simulated.add(t.detach().numpy()))
-    layer = wttorch.WTConv2d(2, 2, 3, stride=2, wt_levels=2)
-    x = torch.tensor(rng.standard_normal((2, 2, 9, 8)), dtype=torch.float32)
+    layer = wttorch.WTConv2d(2, 2, 3, stride=2, bias=bias, wt_levels=levels)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.uniform_(-1, 1)
+    x = torch.tensor(rng.standard_normal((2, 2, 9, 8)), dtype=torch.float32,
+                     requires_grad=True)
+    dy = torch.tensor(rng.standard_normal((2, 2, 5, 4)), dtype=torch.float32)
     expected = layer(x)  # the oracle path
+    expected.backward(dy)
+    want = [x.grad.clone()] + [p.grad.clone() for p in layer.parameters()]
+    x.grad = None
+    layer.zero_grad(set_to_none=True)
+
     monkeypatch.setitem(wttorch._IMPLS, "cpu", wttorch._IMPLS["cuda"])
     got = layer(x)
     assert rel(got.detach().numpy(), expected.detach().numpy()) < TOL["float32"]
+    got.backward(dy)
+    names = ["x"] + [n for n, _ in layer.named_parameters()]
+    for name, g, w in zip(names, [x.grad] + [p.grad for p in layer.parameters()], want):
+        assert g.shape == w.shape, name
+        assert rel(g.numpy(), w.numpy()) < TOL["float32"], name
     empty = layer(torch.zeros(0, 2, 9, 8))
     assert empty.shape == (0, 2, 5, 4)
 

@@ -378,6 +378,43 @@ def test_eager_path_is_one_autograd_node_bitwise_equal_to_the_ops():
         assert torch.equal(a, b)
 
 
+def test_module_gradients_accumulate_over_calls():
+    torch.manual_seed(4)
+    layer = WTConv2d(3, 3, 3, wt_levels=2, dtype=torch.float64)
+    x = torch.randn(1, 3, 9, 8, dtype=torch.float64)
+    layer(x).sum().backward()
+    once = [p.grad.clone() for p in layer.parameters()]
+    layer(x).sum().backward()
+    for p, g in zip(layer.parameters(), once):
+        assert torch.equal(p.grad, 2 * g)
+
+
+def test_module_parameters_modified_in_place_after_forward():
+    """Parameters the backward reads as they are fall under PyTorch's in-place check;
+    the level parameters of L > 1 are stacked (copied) at forward time, so the
+    backward uses the forward's values of those."""
+    layer = WTConv2d(2, 2, 3, wt_levels=1, dtype=torch.float64)
+    y = layer(torch.randn(1, 2, 6, 6, dtype=torch.float64))
+    with torch.no_grad():
+        layer.wavelet_convs[0].weight.add_(1)
+    with pytest.raises(RuntimeError, match="inplace"):
+        y.sum().backward()
+
+    torch.manual_seed(5)
+    layer = WTConv2d(2, 2, 3, wt_levels=2, dtype=torch.float64)
+    x = torch.randn(1, 2, 6, 6, dtype=torch.float64)
+    layer(x).sum().backward()
+    want = [p.grad.clone() for p in layer.parameters()]
+    layer.zero_grad(set_to_none=True)
+    y = layer(x)
+    with torch.no_grad():
+        for p in (*layer.wavelet_convs.parameters(), *layer.wavelet_scale.parameters()):
+            p.mul_(3)
+    y.sum().backward()
+    for p, g in zip(layer.parameters(), want):
+        assert torch.equal(p.grad, g)
+
+
 def test_export():
     net = block()
     x = torch.randn(2, 4, 13, 11)
