@@ -5,9 +5,9 @@ warp barriers, and one 128-thread plane per block), the global
 scratch variant (persistent blocks over planes), strides 1, 2 and 3, float32
 and float16, levels deeper than the image, and backward work units of
 several batch entries (``batch_chunk`` forced: ragged last units, several
-units per block, thread groups past the last unit). Every output is poisoned with
-NaN first and compared with the float64 oracle; the exit status is non-zero
-on a mismatch. ``--warmup`` only compiles the kernels (run it outside the
+units per block, thread groups past the last unit). Every output is
+poisoned with NaN first and compared with the float64 oracle; the exit
+status is non-zero on a mismatch. ``--warmup`` only compiles the kernels (run it outside the
 sanitizer: compiling under it is slow).
 """
 
@@ -30,7 +30,7 @@ CASES = [  # (B, C, H, W), K, L, stride, storage, scratch, backward batch chunk 
     ((3, 2, 33, 31), 3, 2, 1, "float32", True, 0),
     ((2, 3, 20, 18), 5, 2, 3, "float32", True, 0),
     ((1, 5, 64, 64), 5, 4, 1, "float16", True, 0),
-    ((5, 3, 7, 7), 5, 2, 1, "float32", False, 2),  # ragged units, 2 units of 3 per block
+    ((5, 3, 7, 7), 5, 2, 1, "float32", False, 2),  # units of 2, 2, 1; 9 units, 8 per block
     ((9, 2, 14, 13), 3, 3, 1, "float16", False, 4),
     ((7, 4, 28, 28), 5, 4, 1, "float32", False, 3),  # 64-thread planes, block barriers
 ]
