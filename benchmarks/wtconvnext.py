@@ -94,13 +94,16 @@ On a CPU::
     python benchmarks/wtconvnext.py sanity --tiny --steps 20 --check-step 10 \\
         --image-size 32 --batch 4
 
-Run time of the default ``throughput`` on an H200 (estimated, not yet
-measured): kernel precompilation ~30 s cold, six eager configurations (three
-networks x fp32/bf16) ~10-15 s each, two compiled ones (``convnext`` and
-``wtconvnext`` in bf16; ``--compile-dtypes fp32 bf16`` and ``--compile-nets``
-add more) ~1.5 min each (with ``--compile-infer`` another ~30-60 s each). A
-time budget (``--budget-s``, default 330 s) skips configurations predicted to
-overrun it and records them as skipped. ``sanity`` takes about 1 minute.
+Run time of ``throughput`` on an H200 (measured 2026-11-30): kernel
+precompilation 27 s cold (18 variants on 16 cores), the six eager
+configurations (three networks x fp32/bf16) 159 s together (10-40 s each;
+cuDNN's autotuning makes the first step of the materialising network take
+21-33 s), each compiled one (``convnext`` and ``wtconvnext`` in bf16 by
+default; ``--compile-dtypes fp32 bf16`` and ``--compile-nets`` add more)
+50-60 s, of which the first (compiling) step is 35-45 s (with
+``--compile-infer`` another compilation). A time budget (``--budget-s``,
+default 330 s) skips configurations predicted to overrun it and records them
+as skipped. ``sanity`` takes about 1 minute.
 """
 
 from __future__ import annotations
@@ -1042,7 +1045,9 @@ class Budget:
 
     def __init__(self, budget_s, priors=None):
         self.budget_s = budget_s if budget_s and budget_s > 0 else None
-        self.priors = dict(priors or {"eager": 20.0, "compile": 150.0})
+        # Measured on an H200 (2026-11-30): the slowest eager configuration
+        # 40 s, a compiled one 50-60 s.
+        self.priors = dict(priors or {"eager": 40.0, "compile": 60.0})
         self.start = time.monotonic()
         self.seen: dict = {}
 
