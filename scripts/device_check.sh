@@ -187,7 +187,7 @@ run_torchstep() {
     --planes 29x26 30x27 40x36 64x64 20x31 56x56 28x28 14x14 7x7 2>&1 | tail -n 1
   WTCONV_TEST_GPU=1 timeout 80 python3 -m pytest -q -rfE -p no:cacheprovider -p no:benchmark \
     tests/gpu/test_bindings_gpu.py \
-    -k "autocast or cuda_graph or zero_copy or module_in_bfloat16" \
+    -k "module_path or autocast or cuda_graph or zero_copy or module_in_bfloat16" \
     2>&1 | tee "$OUT/gpu_torch_module.log" | tail -n 4
   local rc=${PIPESTATUS[0]}
   timeout 70 python3 -m wtconv_cuda.bench --shapes convnext --dtypes float32 bfloat16 \

@@ -149,7 +149,8 @@ def test_torch_gpu_path(simulated, monkeypatch, rng, shape, k, levels, stride, b
 @pytest.mark.parametrize("levels,bias", [(2, True), (1, False)])
 def test_torch_module_gpu_path(simulated, monkeypatch, rng, levels, bias):
     """The module on the GPU implementation, forward and every parameter gradient,
-    against the same module on the oracle path."""
+    against the same module on the oracle path: level parameters joined (L > 1) or
+    passed as they are (L = 1), level gradients split back per level."""
     torch = pytest.importorskip("torch")
     from wtconv_cuda.bindings import torch as wttorch
 
@@ -171,6 +172,7 @@ def test_torch_module_gpu_path(simulated, monkeypatch, rng, levels, bias):
 
     monkeypatch.setitem(wttorch._IMPLS, "cpu", wttorch._IMPLS["cuda"])
     got = layer(x)
+    assert type(got.grad_fn).__name__ == "_ModuleWTConvBackward"
     assert rel(got.detach().numpy(), expected.detach().numpy()) < TOL["float32"]
     got.backward(dy)
     names = ["x"] + [n for n, _ in layer.named_parameters()]

@@ -356,25 +356,65 @@ def test_compile_inductor_forward():
     torch.testing.assert_close(torch.compile(net, fullgraph=True)(x), net(x))
 
 
-def test_eager_path_is_one_autograd_node_bitwise_equal_to_the_ops():
+def test_functional_eager_path_is_one_autograd_node_bitwise_equal_to_the_ops():
     torch.manual_seed(3)
-    layer = WTConv2d(4, 4, 5, wt_levels=2).double()
-    x = torch.randn(2, 4, 13, 11, dtype=torch.float64, requires_grad=True)
-    dy = torch.randn(2, 4, 13, 11, dtype=torch.float64)
+    c, k, levels = 4, 5, 2
+    x = torch.randn(2, c, 13, 11, dtype=torch.float64, requires_grad=True)
+    w = [torch.randn(shape, dtype=torch.float64, requires_grad=True)
+         for shape in ((c, k, k), (c,), (c,), (levels, c, 4, k, k), (levels, c, 4))]
+    dy = torch.randn(2, c, 13, 11, dtype=torch.float64)
 
-    y = layer(x)
+    y = wtconv2d(x, *w, levels=levels)
     assert type(y.grad_fn).__name__ == "_EagerWTConvBackward"  # no custom-op dispatch
     y.backward(dy)
-    eager = [x.grad.clone()] + [p.grad.clone() for p in layer.parameters()]
+    eager = [t.grad.clone() for t in (x, *w)]
+    for t in (x, *w):
+        t.grad = None
+    y_op = torch.ops.wtconv_cuda.wtconv2d_fwd(x, *w, 1)
+    y_op.backward(dy)
+    assert torch.equal(y_op, y)
+    for a, b in zip([t.grad for t in (x, *w)], eager):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("levels,bias,autocast", [(2, True, None), (3, False, None),
+                                                  (1, True, None), (0, True, None),
+                                                  (2, True, torch.bfloat16),
+                                                  (1, False, torch.float16)])
+def test_module_eager_path_takes_the_parameters_directly_bitwise_equal_to_the_ops(
+        levels, bias, autocast):
+    """One node whose inputs are the parameters themselves (no view, stack or cast nodes),
+    with the same output and gradients as the ops on kernel_weights()."""
+    torch.manual_seed(3)
+    dtype = torch.float32 if autocast else torch.float64
+    layer = randomise(WTConv2d(4, 4, 5, bias=bias, wt_levels=levels, dtype=dtype), 5)
+    x = torch.randn(2, 4, 13, 11, dtype=dtype, requires_grad=True)
+    context = (torch.autocast("cpu", dtype=autocast) if autocast
+               else torch.autocast("cpu", enabled=False))
+
+    with context:
+        y = layer(x)
+    assert type(y.grad_fn).__name__ == "_ModuleWTConvBackward"
+    inputs = [fn for fn, _ in y.grad_fn.next_functions if fn is not None]
+    params = list(layer.parameters())
+    assert len(inputs) == len(params) + 1  # x (or its autocast cast) and the parameters
+    leaves = [fn.variable for fn in inputs[1:] if type(fn).__name__ == "AccumulateGrad"]
+    assert [id(p) for p in leaves] == [id(p) for p in params]  # the parameters, in order
+    dy = torch.randn(y.shape, dtype=y.dtype)
+    y.backward(dy)
+    eager = [x.grad.clone()] + [p.grad.clone() for p in params]
 
     x.grad = None
     layer.zero_grad(set_to_none=True)
-    w = layer.kernel_weights()
-    y_op = torch.ops.wtconv_cuda.wtconv2d_fwd(x, *w, 1)
+    with context:
+        w = layer.kernel_weights()
+        if autocast:
+            w = [None if t is None else t.to(autocast) for t in w]
+        y_op = torch.ops.wtconv_cuda.wtconv2d_fwd(x.to(y.dtype), *w, 1)
     y_op.backward(dy)
-    through_ops = [x.grad] + [p.grad for p in layer.parameters()]
     assert torch.equal(y_op, y)
-    for a, b in zip(through_ops, eager):
+    for a, b in zip([x.grad] + [p.grad for p in params], eager):
+        assert a.dtype == b.dtype and a.shape == b.shape
         assert torch.equal(a, b)
 
 
@@ -391,7 +431,7 @@ def test_module_gradients_accumulate_over_calls():
 
 def test_module_parameters_modified_in_place_after_forward():
     """Parameters the backward reads as they are fall under PyTorch's in-place check;
-    the level parameters of L > 1 are stacked (copied) at forward time, so the
+    the level parameters of L > 1 are joined (copied) at forward time, so the
     backward uses the forward's values of those."""
     layer = WTConv2d(2, 2, 3, wt_levels=1, dtype=torch.float64)
     y = layer(torch.randn(1, 2, 6, 6, dtype=torch.float64))

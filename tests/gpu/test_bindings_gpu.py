@@ -132,6 +132,38 @@ def test_module_in_bfloat16_and_non_contiguous_input():
     assert layer(x).dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("levels,bias,autocast", [(3, True, None), (1, False, None),
+                                                  (0, True, None), (2, True, torch.bfloat16)],
+                         ids=str)
+def test_module_path_bitwise_equal_to_the_ops(levels, bias, autocast):
+    """The module's eager path (parameters as they are, level parameters joined by
+    one cat each) gives exactly what the ops give on kernel_weights()."""
+    layer = make_layer(16, 5, levels, bias=bias, seed=7)
+    x = torch.randn(3, 16, 29, 26, device=DEV, requires_grad=True)
+    context = (torch.autocast("cuda", dtype=autocast) if autocast
+               else torch.autocast("cuda", enabled=False))
+    with context:
+        y = layer(x)
+    assert type(y.grad_fn).__name__ == "_ModuleWTConvBackward"
+    dy = torch.randn(y.shape, device=DEV).to(y.dtype)
+    y.backward(dy)
+    params = list(layer.parameters())
+    ours = [x.grad.clone()] + [p.grad.clone() for p in params]
+
+    x.grad = None
+    layer.zero_grad(set_to_none=True)
+    with context:
+        w = layer.kernel_weights()
+        if autocast:
+            w = [None if t is None else t.to(autocast) for t in w]
+        y_op = torch.ops.wtconv_cuda.wtconv2d_fwd(x.to(y.dtype), *w, 1)
+    y_op.backward(dy)
+    assert torch.equal(y_op, y)
+    for a, b in zip([x.grad] + [p.grad for p in params], ours):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a, b)
+
+
 # ---------------------------------------------------------------------------
 # PyTorch: zero-copy, allocation, streams, synchronisation
 # ---------------------------------------------------------------------------

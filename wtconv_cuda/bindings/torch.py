@@ -6,8 +6,10 @@ Under ``torch.compile`` (and ``torch.export``) the layer runs as two
 registered autograd formula, so that ``torch.compile(fullgraph=True)``,
 ``torch.export`` and ``torch.library.opcheck`` see one opaque,
 shape-propagating op per call. In eager mode the functional form and the
-module call the same implementations through one ``torch.autograd.Function``,
-which costs far less host time than the op dispatch (bit-identical results).
+module call the same implementations through one ``torch.autograd.Function``
+each, which costs far less host time than the op dispatch (bit-identical
+results). The module's ``Function`` takes its parameters as they are: no
+per-parameter view, stack or autocast-cast nodes (see ``_ModuleWTConv``).
 
 Devices
     CUDA tensors run the fused kernels of :mod:`wtconv_cuda.kernels`
@@ -31,9 +33,10 @@ Dtypes
     the weights to the autocast dtype first, exactly like convolutions do
     (float64 tensors are left alone), so the kernels run in float16 or
     bfloat16 and the output has the autocast dtype; gradients flow back to the
-    float32 parameters through the casts. Weight gradients are then computed
-    with float32 accumulation and rounded to the autocast dtype before the cast
-    back, as for a convolution under autocast.
+    float32 parameters through the casts (the module casts its parameters
+    inside its one autograd node, with the same result). Weight gradients are
+    then computed with float32 accumulation and rounded to the autocast dtype
+    before the cast back, as for a convolution under autocast.
 
 First call and CUDA graphs
     The first call for a new problem size compiles (or loads) the kernel
@@ -424,6 +427,83 @@ class _EagerWTConv(torch.autograd.Function):
         return dx, d_bw, (None if base_bias is None else d_bb), d_bs, d_ww, d_ws, None, None
 
 
+class _ModuleWTConv(torch.autograd.Function):
+    """The module's eager path: its parameters in, as they are, and their gradients out.
+
+    ``WTConv2d`` holds its parameters in the published shapes, one
+    ``(4C, 1, K, K)`` kernel and one ``(1, 4C, 1, 1)`` scale per level. Going
+    through :func:`wtconv2d` costs a view per parameter, two ``torch.stack``
+    calls for ``L > 1`` and, under autocast, a cast per weight, each an
+    autograd node with host cost in both directions. This ``Function`` takes
+    the parameters directly (``base_weight``, ``base_bias`` if any,
+    ``base_scale``, the ``L`` level kernels, the ``L`` level scales). The GPU
+    kernels only need the bytes in the right order, so for ``L > 1`` the
+    level kernels and scales are joined by one ``torch.cat`` each along
+    their first channel axis (``(L*4C, 1, K, K)`` and ``(1, L*4C, 1, 1)``
+    hold the ``(L, C, 4, K, K)`` and ``(L, C, 4)`` layouts), and the
+    gradients of those come back split into per-level views. Other
+    implementations (the CPU oracle) get the :class:`~wtconv_cuda.WTConvWeights`
+    shapes. Results are bit-identical to :func:`wtconv2d` on
+    :meth:`WTConv2d.kernel_weights` (tests check it on the CPU and the GPU).
+    """
+
+    @staticmethod
+    def forward(ctx, x, stride, sizes, has_bias, *params):
+        levels, n = sizes.levels, 3 if has_bias else 2
+        weights = list(params[:n])
+        if levels == 1:
+            weights += params[n:]
+        elif levels > 1:
+            weights += (torch.cat(params[n:n + levels]), torch.cat(params[n + levels:], 1))
+        else:
+            weights += (params[0].new_empty((0,)), params[0].new_empty((0,)))
+        if params[0].dtype != x.dtype:  # autocast
+            weights = [w.to(x.dtype) for w in weights]
+        if not has_bias:
+            weights.insert(1, None)
+        _check_dtypes_devices(x, *weights)
+        ctx.save_for_backward(x, *weights)
+        ctx.stride, ctx.sizes, ctx.param_dtype = stride, sizes, params[0].dtype
+        forward, _ = _IMPLS[x.device.type]
+        if forward is not _forward_cuda:
+            weights = _weights_layout(weights, sizes)
+        return forward(x, *weights, stride, sizes)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        x, *weights = ctx.saved_tensors
+        stride, sizes = ctx.stride, ctx.sizes
+        _check_dy(dy, x, sizes, stride)
+        _, backward = _IMPLS[x.device.type]
+        if backward is _backward_cuda:
+            dx, *grads = _backward_cuda(dy, x, *weights, stride, sizes)
+        else:
+            dx, *grads = backward(dy, x, *_weights_layout(weights, sizes), stride, sizes)
+            grads = [None if w is None else g.reshape(w.shape) for g, w in zip(grads, weights)]
+        if weights[1] is None:
+            del grads[1]
+        if grads[0].dtype != ctx.param_dtype:
+            grads = [g.to(ctx.param_dtype) for g in grads]
+        d_ww, d_ws = grads[-2:]
+        if sizes.levels == 0:
+            levels = ()
+        elif sizes.levels == 1:
+            levels = (d_ww, d_ws)
+        else:
+            four_c = 4 * sizes.channels
+            levels = (*d_ww.split(four_c), *d_ws.split(four_c, 1))
+        return (dx, None, None, None, *grads[:-2], *levels)
+
+
+def _weights_layout(weights, sizes):
+    """The module's weights (see :class:`_ModuleWTConv`) in the WTConvWeights shapes."""
+    c, k, levels = sizes.channels, sizes.kernel_size, sizes.levels
+    bw, bb, bs, ww, ws = weights
+    return [bw.reshape(c, k, k), bb, bs.reshape(c), ww.reshape(levels, c, 4, k, k),
+            ws.reshape(levels, c, 4)]
+
+
 # ---------------------------------------------------------------------------
 # Functional form
 # ---------------------------------------------------------------------------
@@ -671,8 +751,41 @@ class WTConv2d(nn.Module):
         torch.Tensor, shape (B, C, ceil(H/stride), ceil(W/stride))
             The layer's output (``x``'s dtype, or the autocast dtype).
         """
-        w = self.kernel_weights()
-        return wtconv2d(x, *w, levels=self.wt_levels, stride=self.stride)
+        if torch.compiler.is_compiling():
+            w = self.kernel_weights()
+            return wtconv2d(x, *w, levels=self.wt_levels, stride=self.stride)
+        return self._forward_eager(x)
+
+    def _parameters_in_flat_order(self):
+        """``base_weight``, ``base_bias`` (if any), ``base_scale``, level kernels, level scales."""
+        bias = self.base_conv.bias
+        return (self.base_conv.weight, *(() if bias is None else (bias,)), self.base_scale.weight,
+                *(m.weight for m in self.wavelet_convs), *(m.weight for m in self.wavelet_scale))
+
+    def _forward_eager(self, x):
+        """The eager call: :class:`_ModuleWTConv` on the parameters (no per-parameter nodes)."""
+        c, k, levels = self.in_channels, self.kernel_size, self.wt_levels
+        has_bias = self.base_conv.bias is not None
+        sizes = _common.check_layer(tuple(x.shape), (c, k, k), (c,) if has_bias else None, (c,),
+                                    (levels, c, 4, k, k), (levels, c, 4), levels, self.stride)
+        params = self._parameters_in_flat_order()
+        dtype = params[0].dtype
+        for p in params[1:]:
+            if p.dtype != dtype:
+                raise TypeError(f"the layer's parameters have mixed dtypes ({dtype}, {p.dtype})")
+        kind = x.device.type
+        if torch.is_autocast_enabled(kind):  # cast like a convolution; float64 is left alone
+            target = torch.get_autocast_dtype(kind)
+            if x.is_floating_point() and x.dtype != torch.float64:
+                x = x.to(target)
+            if dtype.is_floating_point and dtype != torch.float64:
+                dtype = target
+        if dtype != x.dtype:
+            raise TypeError(
+                f"base_weight has dtype {params[0].dtype} but x has dtype {x.dtype}; they must "
+                "match (use torch.autocast or cast the module)"
+            )
+        return _ModuleWTConv.apply(x, int(self.stride), sizes, has_bias, *params)
 
     def to_weights(self):
         """Detached copies of the parameters as a :class:`~wtconv_cuda.WTConvWeights`.

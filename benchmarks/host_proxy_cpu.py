@@ -1,0 +1,105 @@
+"""Host cost of the PyTorch ``WTConv2d`` training step on a CPU, kernels stubbed out.
+
+A proxy for the Python and autograd overhead of the binding that runs without
+a GPU: CPU tensors take stand-in implementations that only allocate the
+outputs the CUDA path allocates (``y``; ``dx`` and the weight gradients), so
+what is timed is the module, the autograd ``Function``, checks, casts and the
+engine, not the oracle. It leaves out what only a GPU has (the autograd
+device thread's hand-off, the launches, the caching allocator), so use it to
+compare two versions of the binding, in one session, not as a GPU number.
+
+    python benchmarks/host_proxy_cpu.py                       # this tree
+    python benchmarks/host_proxy_cpu.py --tree /path/to/other # another checkout
+
+Wall times on a shared 2-core machine move by 30%; instruction counts do
+not. ``--steps N`` runs 30 warm-up steps and ``N`` more of one configuration
+(the first of ``--levels``, ``--autocast``) without timing, for callgrind;
+the difference between ``N = 100`` and ``N = 0``, divided by 100, is the
+instruction count of one step::
+
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+        python benchmarks/host_proxy_cpu.py --levels 3 --steps 100 2>&1 | grep Collected
+
+Prints microseconds per training step: the fastest and the median of
+``--rounds`` rounds (the fastest is the steadier estimate of fixed work on a
+shared machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tree", default=None, help="checkout whose wtconv_cuda to import")
+    parser.add_argument("--shape", type=int, nargs=4, default=(1, 8, 16, 16), metavar="BCHW")
+    parser.add_argument("--levels", type=int, nargs="+", default=[1, 3])
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--autocast", choices=("off", "bf16"), default="off",
+                        help="with --steps: the configuration to run")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="untimed: 30 warm-up steps and this many more, then exit")
+    args = parser.parse_args(argv)
+    if args.tree:
+        sys.path.insert(0, args.tree)
+    import torch
+
+    from wtconv_cuda.bindings import torch as binding
+
+    torch.set_num_threads(1)
+
+    def forward_stub(x, bw, bb, bs, ww, ws, stride, sizes):
+        ho, wo = -(-sizes.height // stride), -(-sizes.width // stride)
+        return torch.empty((sizes.batch, sizes.channels, ho, wo), dtype=x.dtype)
+
+    def backward_stub(dy, x, bw, bb, bs, ww, ws, stride, sizes):
+        grads = [torch.empty(t.shape, dtype=t.dtype) for t in (bw, bs, ww, ws)]
+        d_bias = bs.new_empty((0,)) if bb is None else torch.empty_like(bb)
+        return torch.empty(x.shape, dtype=x.dtype), grads[0], d_bias, *grads[1:]
+
+    binding._IMPLS["cpu"] = (forward_stub, backward_stub)
+    # Versions that pick the GPU branch by identity with the CUDA functions
+    # take that branch with the stand-ins too.
+    binding._forward_cuda, binding._backward_cuda = forward_stub, backward_stub
+    b, c, h, w = args.shape
+
+    def make_step(levels, autocast):
+        layer = binding.WTConv2d(c, c, 5, wt_levels=levels)
+        x = torch.randn(b, c, h, w, requires_grad=True)
+
+        def step():
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                y = layer(x)
+            y.sum().backward()
+        return step
+
+    if args.steps is not None:
+        step = make_step(args.levels[0], args.autocast == "bf16")
+        for _ in range(30 + args.steps):
+            step()
+        return
+    print(f"shape {tuple(args.shape)}, K 5, torch {torch.__version__}, kernels stubbed, "
+          f"{args.tree or 'this tree'}")
+    print(f"{'levels':>6} {'autocast':>9} {'min us':>8} {'median us':>10}")
+    for levels in args.levels:
+        for autocast in (False, True):
+            step = make_step(levels, autocast)
+            for _ in range(50):
+                step()
+            times = []
+            for _ in range(args.rounds):
+                start = time.perf_counter()
+                for _ in range(args.calls):
+                    step()
+                times.append((time.perf_counter() - start) / args.calls * 1e6)
+            print(f"{levels:>6} {'bf16' if autocast else 'off':>9} {min(times):>8.1f} "
+                  f"{statistics.median(times):>10.1f}")
+
+
+if __name__ == "__main__":
+    main()
