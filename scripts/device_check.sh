@@ -20,8 +20,9 @@
 #   ddp        benchmarks/ddp_check.py: DDP over every GPU vs one process (~1 min)
 #   hostprofile  benchmarks/host_profile.py: host cost of the torch training path,
 #              piece by piece, and a cProfile of it                 (~1 min)
-#   torchstep  the PyTorch module path in one short call: its GPU tests, the
-#              ConvNeXt-T stage benchmark, WTConvNeXt-T bf16 eager  (~5 min cold)
+#   torchstep  the PyTorch module path in one short call: its GPU tests, its host
+#              cost against the functional path, the ConvNeXt-T stage benchmark,
+#              WTConvNeXt-T bf16 eager                              (~5 min cold)
 #
 # Knobs: TEST_KS (kernel sizes of the sweep, default 3,5,7,9), REPORT=1 (load
 # every compiled variant and record registers and local memory: ~1 s a kernel).
@@ -178,18 +179,21 @@ run_bench() {
 
 run_torchstep() {
   # The PyTorch module's eager path, checked and measured in one short call
-  # (~5 min on a cold machine): the variants it needs, its GPU tests, the
-  # ConvNeXt-T stage benchmark and the bf16 network step where host cost shows.
+  # (~5 min on a cold machine): the variants it needs, its GPU tests, its host
+  # cost against the functional path, the ConvNeXt-T stage benchmark and the
+  # bf16 network step where host cost shows.
   echo "== torch module path: GPU tests, stage benchmark, WTConvNeXt-T bf16 eager"
   local jobs; jobs=$(nproc); [ "$jobs" -gt 32 ] && jobs=32
   timeout 100 python3 -m wtconv_cuda.kernels.warmup --kernel-sizes 5 --strides 1 --jobs "$jobs" \
     --storage float32 float16 bfloat16 \
-    --planes 29x26 30x27 40x36 64x64 20x31 56x56 28x28 14x14 7x7 2>&1 | tail -n 1
+    --planes 29x26 30x27 40x36 64x64 20x31 56x56 28x28 14x14 7x7 16x16 2>&1 | tail -n 1
   WTCONV_TEST_GPU=1 timeout 80 python3 -m pytest -q -rfE -p no:cacheprovider -p no:benchmark \
     tests/gpu/test_bindings_gpu.py \
     -k "module_path or autocast or cuda_graph or zero_copy or module_in_bfloat16" \
     2>&1 | tee "$OUT/gpu_torch_module.log" | tail -n 4
   local rc=${PIPESTATUS[0]}
+  timeout 60 python3 benchmarks/module_path_overhead.py --calls 200 --rounds 5 \
+    2>&1 | tee "$OUT/module_path_overhead.txt" || rc=1
   timeout 70 python3 -m wtconv_cuda.bench --shapes convnext --dtypes float32 bfloat16 \
     --out "$OUT" >"$OUT/bench.log" 2>&1 || rc=1
   tail -n 24 "$OUT/bench.log"
