@@ -444,7 +444,8 @@ class _ModuleWTConv(torch.autograd.Function):
     gradients of those come back split into per-level views. Other
     implementations (the CPU oracle) get the :class:`~wtconv_cuda.WTConvWeights`
     shapes. Results are bit-identical to :func:`wtconv2d` on
-    :meth:`WTConv2d.kernel_weights` (tests check it on the CPU and the GPU).
+    :meth:`WTConv2d.kernel_weights` (a CPU test checks it, and
+    ``tests/gpu/test_bindings_gpu.py`` on a GPU).
     """
 
     @staticmethod
