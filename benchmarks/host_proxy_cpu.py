@@ -11,14 +11,16 @@ compare two versions of the binding, in one session, not as a GPU number.
     python benchmarks/host_proxy_cpu.py                       # this tree
     python benchmarks/host_proxy_cpu.py --tree /path/to/other # another checkout
 
-Wall times on a shared 2-core machine move by 30%; instruction counts do
-not. ``--steps N`` runs 30 warm-up steps and ``N`` more of one configuration
-(the first of ``--levels``, ``--autocast``) without timing, for callgrind;
-the difference between ``N = 100`` and ``N = 0``, divided by 100, is the
-instruction count of one step::
+Wall times on a shared 2-core machine move by 30%; instruction counts much
+less. ``--steps N`` runs 30 warm-up steps and ``N`` more of one
+configuration (the first of ``--levels``, ``--autocast``) without timing,
+for callgrind; the difference between ``N = 400`` and ``N = 0``, divided by
+400, is the instruction count of one step. Fix the hash seed: without it the
+start-up count moves by up to 20 M instructions between runs (with it, by
+about 4 M)::
 
-    valgrind --tool=callgrind --callgrind-out-file=/dev/null \
-        python benchmarks/host_proxy_cpu.py --levels 3 --steps 100 2>&1 | grep Collected
+    PYTHONHASHSEED=0 valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+        python benchmarks/host_proxy_cpu.py --levels 3 --steps 400 2>&1 | grep Collected
 
 Prints microseconds per training step: the fastest and the median of
 ``--rounds`` rounds (the fastest is the steadier estimate of fixed work on a
