@@ -27,6 +27,23 @@ from wtconv_cuda.kernels.warmup import compile_all
 SHAPES = [(64, 96, 56, 56, 5), (64, 192, 28, 28, 4), (64, 384, 14, 14, 3), (64, 768, 7, 7, 2)]
 
 
+STORAGE_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
+
+
+def random_array(rng, shape, dtype, uniform=False):
+    """A random CuPy array; bfloat16 as raw ``uint16`` bits (the kernels' storage)."""
+    values = rng.uniform(-1, 1, shape) if uniform else rng.standard_normal(shape)
+    values = values.astype(np.float32)
+    if dtype is np.uint16:  # truncate float32 to its upper half: a valid bfloat16
+        return cupy.asarray((values.view(np.uint32) >> 16).astype(np.uint16))
+    return cupy.asarray(values.astype(dtype))
+
+
+def launch_regs(row):
+    """Registers of the backward variant (the same for every batch chunk)."""
+    return next(v for k, v in row.items() if k.startswith("backward") and k.endswith("_regs"))
+
+
 def median_ms(fn, n_inputs=3, repeat=30):
     """Median milliseconds of ``fn(i)`` for rotating input indices ``i``, CUDA events."""
     inputs = [(i,) for i in range(n_inputs)]
@@ -48,6 +65,9 @@ def main():
     parser.add_argument("--heights", type=int, nargs="+", default=None,
                         help="only the ConvNeXt-T stages of these plane heights")
     parser.add_argument("--k", type=int, default=5)
+    parser.add_argument("--storage", default="float32", choices=["float32", "float16", "bfloat16"])
+    parser.add_argument("--chunks", type=int, nargs="+", default=[0],
+                        help="backward batch entries per work unit (0 = the default)")
     args = parser.parse_args()
     backend = CupyBackend()
     k = args.k
@@ -63,44 +83,46 @@ def main():
         tunings = [t for t in tunings if not (t.warp_sync and t.threads != 32)]
     specs = set()
     for (b, c, h, w, lv), tuning, backward in itertools.product(shapes, tunings, (False, True)):
-        problem = Problem(b, c, h, w, k, lv, 1, "float32", True)
+        problem = Problem(b, c, h, w, k, lv, 1, args.storage, True)
         specs.add(plan_plane(problem, backward, backend.shared_limit, backend.max_slots, tuning).spec)
     compile_all(sorted(specs, key=repr), (9, 0), 16)
     rows = []
     rng = np.random.default_rng(0)
+    dtype = STORAGE_DTYPES[args.storage]
     for b, c, h, w, lv in shapes:
-        problem = Problem(b, c, h, w, k, lv, 1, "float32", True)
-        xs = [cupy.asarray(rng.standard_normal((b, c, h, w), dtype=np.float32)) for _ in range(3)]
-        dys = [cupy.asarray(rng.standard_normal((b, c, h, w), dtype=np.float32)) for _ in range(3)]
-        wts = Weights(*(cupy.asarray(rng.uniform(-1, 1, s).astype(np.float32)) for s in
+        problem = Problem(b, c, h, w, k, lv, 1, args.storage, True)
+        xs = [random_array(rng, (b, c, h, w), dtype) for _ in range(3)]
+        dys = [random_array(rng, (b, c, h, w), dtype) for _ in range(3)]
+        wts = Weights(*(random_array(rng, s, dtype, uniform=True) for s in
                         [(c, k, k), (c,), (c,), (lv, c, 4, k, k), (lv, c, 4)]))
         grads = Weights(*(cupy.empty_like(a) for a in wts))
         y = cupy.empty_like(xs[0])
         dx = cupy.empty_like(xs[0])
-        floor_ms = 2 * xs[0].nbytes / 4.0e12 * 1e3
+        floor_ms = 2 * xs[0].nbytes / 4.0e12 * 1e3  # forward: read x, write y
         best = {}
         for tuning in tunings:
             row = dict(shape=[b, c, h, w], levels=lv, k=k, tuning=tuning._asdict())
-            for backward in (False, True):
-                spec = plan_plane(problem, backward, backend.shared_limit, backend.max_slots,
-                                  tuning).spec
-                attrs = gpu_kernel(spec, backend.device_id).attributes
+            passes = [(False, tuning)] + [
+                (True, tuning._replace(batch_chunk=chunk or None)) for chunk in args.chunks]
+            for backward, t in passes:
+                launch = plan_plane(problem, backward, backend.shared_limit, backend.max_slots, t)
+                attrs = gpu_kernel(launch.spec, backend.device_id).attributes
                 if backward:
                     ms = median_ms(lambda i: run_backward(backend, problem, xs[i], dys[i], dx,
-                                                          wts, grads, tuning))
+                                                          wts, grads, t))
+                    key = f"backward_rb{launch.batch_chunk}"
                 else:
-                    ms = median_ms(lambda i: run_forward(backend, problem, xs[i], y, wts, tuning))
-                key = "backward" if backward else "forward"
+                    ms = median_ms(lambda i: run_forward(backend, problem, xs[i], y, wts, t))
+                    key = "forward"
                 row[key + "_ms"] = ms
                 row[key + "_regs"] = attrs["num_regs"]
                 row[key + "_local"] = attrs["local_size_bytes"]
                 if ms < best.get(key, (1e9,))[0]:
-                    best[key] = (ms, tuning)
+                    best[key] = (ms, t)
             rows.append(row)
-            print(f"{(b, c, h, w, lv)} {tuning} fwd {row['forward_ms']:.3f} ms "
-                  f"(regs {row['forward_regs']}, local {row['forward_local']}) "
-                  f"bwd {row['backward_ms']:.3f} ms (regs {row['backward_regs']}, "
-                  f"local {row['backward_local']})", flush=True)
+            times = "  ".join(f"{k_[:-3]} {v:.3f}" for k_, v in row.items() if k_.endswith("_ms"))
+            print(f"{(b, c, h, w, lv)} {tuning} ms: {times} (regs fwd {row['forward_regs']} "
+                  f"bwd {launch_regs(row)}, local fwd {row['forward_local']})", flush=True)
         print(f"BEST {(b, c, h, w, lv)} floor(fwd) {floor_ms:.3f} ms:",
               {k_: (round(v[0], 3), tuple(v[1])) for k_, v in best.items()}, flush=True)
     if args.json:

@@ -23,6 +23,8 @@
 #   torchstep  the PyTorch module path in one short call: its GPU tests, its host
 #              cost against the functional path, the ConvNeXt-T stage benchmark,
 #              WTConvNeXt-T bf16 eager                              (~5 min cold)
+#   stepprofile  benchmarks/step_profile.py, bf16 and fp32: where a WTConvNeXt-T
+#              step's time goes (host issue, GPU busy, kernels by kind) (~4 min)
 #
 # Knobs: TEST_KS (kernel sizes of the sweep, default 3,5,7,9), REPORT=1 (load
 # every compiled variant and record registers and local memory: ~1 s a kernel).
@@ -204,13 +206,26 @@ run_torchstep() {
   return $rc
 }
 
+run_stepprofile() {
+  # Host issue time, GPU busy time and kernel time by category of a
+  # WTConvNeXt-T and a ConvNeXt-T step (benchmarks/step_profile.py), bf16 and fp32.
+  echo "== WTConvNeXt-T step profile (benchmarks/step_profile.py)"
+  local rc=0 dtype
+  for dtype in bf16 fp32; do
+    (cd benchmarks && timeout 200 python3 step_profile.py --dtype "$dtype" \
+      --out "$OUT/step_profile_$dtype.json") >"$OUT/step_profile_$dtype.log" 2>&1 || rc=1
+    grep -E " step .* host " "$OUT/step_profile_$dtype.log" | sed "s/^/$dtype /"
+  done
+  return $rc
+}
+
 run_sanitizer() {
   if [ -x scripts/sanitizer.sh ]; then bash scripts/sanitizer.sh; else echo "no scripts/sanitizer.sh"; fi
 }
 
 for phase in "${phases[@]}"; do
   case "$phase" in
-    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|torchstep)
+    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|torchstep|stepprofile)
       "run_$phase" || status=1 ;;
     *) echo "unknown phase: $phase"; status=2 ;;
   esac

@@ -481,6 +481,41 @@ def test_autocast_casts_like_conv(dtype):
     assert x.grad.dtype == torch.float32 and torch.isfinite(x.grad).all()
 
 
+@pytest.mark.parametrize("path", ["module", "functional"])
+def test_autocast_writes_a_channels_last_input_nchw_in_its_one_cast(path):
+    """A channels-last float32 input under autocast is cast and made NCHW-contiguous
+    by one copy (one autograd node); the tensor saved for the backward is that
+    copy, and outputs and gradients equal those of the NCHW input bit for bit."""
+    layer = randomise(WTConv2d(3, 3, 5, wt_levels=2), 8)
+    x = torch.randn(2, 3, 10, 9)
+    runs = []
+    for memory_format in (torch.contiguous_format, torch.channels_last):
+        xi = x.clone(memory_format=memory_format).requires_grad_()
+        layer.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = layer(xi) if path == "module" else wtconv2d(xi, *layer.kernel_weights())
+        (cast,) = [fn for fn, _ in y.grad_fn.next_functions[:1]]
+        assert type(cast).__name__ == "ToCopyBackward0"
+        assert type(cast.next_functions[0][0]).__name__ == "AccumulateGrad"  # no layout node
+        assert y.grad_fn.saved_tensors[0].is_contiguous()
+        y.backward(torch.linspace(-1, 1, y.numel()).reshape(y.shape).to(y.dtype))
+        runs.append([y.detach(), xi.grad] + [p.grad for p in layer.parameters()])
+    assert runs[1][1].is_contiguous(memory_format=torch.channels_last)
+    for a, b in zip(*runs):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+def test_autocast_input_is_copied_only_when_cast():
+    from wtconv_cuda.bindings.torch import _autocast_input
+
+    x = torch.randn(1, 4, 5, 6).to(memory_format=torch.channels_last)
+    cast = _autocast_input(x, torch.bfloat16)
+    assert cast.dtype == torch.bfloat16 and cast.is_contiguous()
+    assert torch.equal(cast, x.to(torch.bfloat16))
+    assert _autocast_input(x, torch.float32) is x  # no cast: left as it is
+    assert _autocast_input(x.double(), torch.bfloat16).dtype == torch.float64
+
+
 def test_autocast_under_compile():
     net = block()
     x = torch.randn(2, 4, 12, 12)

@@ -132,6 +132,26 @@ def test_module_in_bfloat16_and_non_contiguous_input():
     assert layer(x).dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_channels_last_input_equals_nchw_input(dtype):
+    """timm's ConvNeXt feeds channels-last float32: one cast writes NCHW (see
+    _autocast_input); outputs and every gradient equal the NCHW input's bitwise."""
+    layer = make_layer(16, 5, 3, seed=9)
+    x = torch.randn(3, 16, 29, 26, device=DEV)  # a plane size torchstep precompiles
+    runs = []
+    for memory_format in (torch.contiguous_format, torch.channels_last):
+        xi = x.clone(memory_format=memory_format).requires_grad_()
+        layer.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=dtype):
+            y = layer(xi)
+        assert y.grad_fn.saved_tensors[0].is_contiguous()
+        dy = torch.linspace(-1, 1, y.numel(), device=DEV).reshape(y.shape).to(dtype)
+        y.backward(dy.to(memory_format=memory_format))  # channels-last dy as well
+        runs.append([y.detach(), xi.grad] + [p.grad for p in layer.parameters()])
+    for a, b in zip(*runs):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
 @pytest.mark.parametrize("levels,bias,autocast", [(3, True, None), (1, False, None),
                                                   (0, True, None), (2, True, torch.bfloat16)],
                          ids=str)

@@ -234,7 +234,7 @@ def _backward_cuda(dy, x, bw, bb, bs, ww, ws, stride, sizes):
         for g in (*grads, d_bias):
             g.zero_()
         return dx, d_bw, d_bias, d_bs, d_ww, d_ws
-    dy = dy.to(x.dtype).contiguous()
+    dy = dy.to(x.dtype, memory_format=torch.contiguous_format)  # one copy at most
     x, bw, bs, ww, ws = (t.contiguous() for t in (x, bw, bs, ww, ws))
     bb = None if bb is None else bb.contiguous()
     launcher = _launcher(x.device)
@@ -510,15 +510,31 @@ def _weights_layout(weights, sizes):
 # ---------------------------------------------------------------------------
 
 
+def _autocast_input(x, dtype):
+    """``x`` cast to ``dtype`` for the kernels: one copy, NCHW-contiguous.
+
+    The kernels read NCHW-contiguous planes. When autocast has to copy ``x``
+    anyway, the cast writes that layout directly: for a channels-last input
+    (timm's ConvNeXt blocks feed one) this replaces a cast and a separate
+    layout copy, and the tensor saved for the backward is already
+    contiguous, so the backward does not copy it again. Without a cast the
+    input is passed as it is (no copy is saved for the backward).
+    """
+    if not x.is_floating_point() or x.dtype in (dtype, torch.float64):
+        return x
+    return x.to(dtype, memory_format=torch.contiguous_format)
+
+
 def _autocast(tensors, device_type):
     if not torch.is_autocast_enabled(device_type):
         return tensors
     dtype = torch.get_autocast_dtype(device_type)
-    return tuple(
+    x, *weights = tensors
+    return (_autocast_input(x, dtype), *(
         t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64
         else t
-        for t in tensors
-    )
+        for t in weights
+    ))
 
 
 def wtconv2d(x, base_weight, base_bias, base_scale, wavelet_weight, wavelet_scale, levels=None,
@@ -777,8 +793,7 @@ class WTConv2d(nn.Module):
         kind = x.device.type
         if torch.is_autocast_enabled(kind):  # cast like a convolution; float64 is left alone
             target = torch.get_autocast_dtype(kind)
-            if x.is_floating_point() and x.dtype != torch.float64:
-                x = x.to(target)
+            x = _autocast_input(x, target)
             if dtype.is_floating_point and dtype != torch.float64:
                 dtype = target
         if dtype != x.dtype:
