@@ -418,6 +418,15 @@ def test_module_eager_path_takes_the_parameters_directly_bitwise_equal_to_the_op
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("levels", [1, 3])
+def test_module_gradients_have_the_parameters_strides(levels):
+    """The gradient layout contract (DistributedDataParallel's buckets rely on it)."""
+    layer = WTConv2d(3, 3, 3, wt_levels=levels, dtype=torch.float64)
+    layer(torch.randn(1, 3, 9, 8, dtype=torch.float64)).sum().backward()
+    for name, p in layer.named_parameters():
+        assert p.grad.stride() == p.stride(), name
+
+
 def test_module_gradients_accumulate_over_calls():
     torch.manual_seed(4)
     layer = WTConv2d(3, 3, 3, wt_levels=2, dtype=torch.float64)

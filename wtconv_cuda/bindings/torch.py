@@ -493,7 +493,9 @@ class _ModuleWTConv(torch.autograd.Function):
             levels = (d_ww, d_ws)
         else:
             four_c = 4 * sizes.channels
-            levels = (*d_ww.split(four_c), *d_ws.split(four_c, 1))
+            # Views with each parameter's own strides (DDP's gradient buckets expect them;
+            # a split along dim 1 would leave dim 0's stride at L * 4C).
+            levels = (*d_ww.split(four_c), *d_ws.view(sizes.levels, 1, four_c, 1, 1).unbind())
         return (dx, None, None, None, *grads[:-2], *levels)
 
 
