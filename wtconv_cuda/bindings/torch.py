@@ -14,7 +14,9 @@ per-parameter view, stack or autocast-cast nodes (see ``_ModuleWTConv``).
 Devices
     CUDA tensors run the fused kernels of :mod:`wtconv_cuda.kernels`
     zero-copy: the kernels receive the tensors' ``data_ptr()`` directly (a
-    non-contiguous tensor is first made contiguous by PyTorch); outputs, weight
+    non-contiguous tensor, e.g. a channels-last one, is first made
+    NCHW-contiguous by PyTorch; under autocast that happens in the cast, see
+    ``_autocast_input``; outputs are NCHW-contiguous); outputs, weight
     gradient partials and scratch buffers are allocated with ``torch.empty``
     (PyTorch's caching allocator, so CUDA graph capture works); every kernel
     is queued on ``torch.cuda.current_stream(device)`` of the tensors' device
