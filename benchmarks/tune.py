@@ -80,7 +80,7 @@ def main():
         tunings = [Tuning(t, s, r, g or None, ws[w]) for t, s, r, g, w in
                    itertools.product(args.threads, args.strips, args.regs, args.groups,
                                      args.warp_sync)]
-        tunings = [t for t in tunings if not (t.warp_sync and t.threads != 32)]
+        tunings = [t for t in tunings if not (t.warp_sync and 32 % t.threads)]
     specs = set()
     for (b, c, h, w, lv), tuning, backward in itertools.product(shapes, tunings, (False, True)):
         problem = Problem(b, c, h, w, k, lv, 1, args.storage, True)

@@ -208,3 +208,22 @@ def test_launcher_uses_the_driver_handle_when_the_backend_has_one(monkeypatch):
                                              Stream.ptr)
     assert handle == device.driver_handle(backend.kernel(plan.spec))
     assert args[:3] == (x, y, x) and args[11:] == plan.header
+
+
+def test_planner_keeps_sub_warp_groups_in_whole_warps():
+    """16-thread planes default to 16 per block with warp barriers; a shared-memory limit
+    that fits one plane but not a warp's two sends them to the scratch path."""
+    from wtconv_cuda.kernels.launch import Tuning
+    from wtconv_cuda.kernels.layout import plane_layout
+
+    problem = Problem(4, 8, 7, 7, 5, 2, 1, "float32", True)
+    tuning = Tuning(threads=16)
+    plan = plan_plane(problem, False, 227 * 1024, 264, tuning)
+    assert (plan.spec.threads, plan.spec.planes_per_block, plan.spec.warp_sync) == (16, 16, True)
+    assert plan.block == 256 and not plan.spec.scratch
+    slot = 4 * plane_layout(7, 7, 2, 5, plan.spec.strip, 16, 1, 1, False).slot_floats
+    tight = plan_plane(problem, False, slot * 3, 264, tuning)
+    assert tight.spec.planes_per_block == 2 and not tight.spec.scratch
+    one = plan_plane(problem, False, slot, 264, tuning)
+    assert one.spec.scratch and one.spec.planes_per_block == 2 and one.spec.warp_sync
+    assert not plan_plane(problem, False, 227 * 1024, 264, Tuning(threads=64)).spec.warp_sync

@@ -164,6 +164,20 @@ def test_batch_chunked_backward(shape, levels, k, stride, batch_chunk, storage):
     run_case(shape, levels, k, stride, storage, tuning=Tuning(batch_chunk=batch_chunk))
 
 
+#: Two 16-thread planes per warp (warp barriers shared by both), 16 planes per
+#: block: small planes, ragged plane counts, stride 2, and the ConvNeXt-T 7x7
+#: and 14x14 stage planes with the tune sweep's strips.
+SUBWARP_CASES = [((3, 5, 7, 7), 2, 5, 1, 1), ((2, 7, 14, 14), 3, 5, 1, 2),
+                 ((5, 3, 9, 13), 1, 3, 2, 1), ((9, 16, 7, 7), 2, 5, 1, 1)]
+SUBWARP_CASES = [case for case in SUBWARP_CASES if case[2] in KERNEL_SIZES]
+
+
+@pytest.mark.parametrize("storage", list(DTYPES))
+@pytest.mark.parametrize("shape,levels,k,stride,strip", SUBWARP_CASES)
+def test_two_planes_per_warp(shape, levels, k, stride, strip, storage):
+    run_case(shape, levels, k, stride, storage, tuning=Tuning(threads=16, strip=strip))
+
+
 @pytest.mark.parametrize("shape,levels", [((64, 384, 14, 14), 3), ((64, 768, 7, 7), 2)])
 def test_planner_batch_chunk_at_convnext_stages(shape, levels):
     """The planner's own choice at the small ConvNeXt-T stages (several planes per unit)."""

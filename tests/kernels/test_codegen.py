@@ -11,10 +11,11 @@ from wtconv_cuda.kernels.codegen import (
 
 PLANE_SPECS = [
     PlaneSpec(k, storage, in_stride, out_stride, backward, scratch, threads, strip, 0, group,
-              threads == 32)
+              threads <= 32)
     for k, storage, (in_stride, out_stride), backward, scratch, (threads, strip, group)
     in itertools.product((1, 3, 5), ("float32", "bfloat16"), ((1, 1), (2, 1), (1, 2), (1, 3)),
-                         (False, True), (False, True), ((32, 1, 8), (64, 2, 2), (128, 4, 1)))
+                         (False, True), (False, True),
+                         ((16, 1, 16), (32, 1, 8), (64, 2, 2), (128, 4, 1)))
 ]
 
 
@@ -59,3 +60,16 @@ def test_finalize_kernel_never_assigns_its_parameters(k):
     function = ast.parse(finalize_kernel_source(FinalizeSpec(k, "float32", 128))).body[0]
     parameters = {a.arg for a in function.args.args}
     assert not parameters & assigned_names(function)
+
+
+@pytest.mark.parametrize("threads,group,ok", [(32, 1, True), (16, 2, True), (8, 4, True),
+                                              (16, 1, False), (64, 2, False), (24, 4, False)])
+def test_warp_sync_needs_groups_that_tile_whole_warps(threads, group, ok):
+    spec = PlaneSpec(3, "float32", threads=threads, strip=1, planes_per_block=group,
+                     warp_sync=True)
+    if ok:
+        assert "cuda.syncwarp()" in plane_kernel_source(spec)
+        assert "cuda.syncthreads()" not in plane_kernel_source(spec)
+    else:
+        with pytest.raises(ValueError, match="whole warps"):
+            plane_kernel_source(spec)

@@ -3,7 +3,7 @@
 The simulator does not type-check; compiling with ``numba.cuda.compile_ptx``
 does. The variants below cover every storage type, direction, input and
 output stride path (1, 2 and the generic one), shared memory and global
-scratch, block and warp (``syncwarp``) barriers, several kernel sizes and
+scratch, block and warp (``syncwarp``) barriers (one and two planes per warp), several kernel sizes and
 launch shapes. This runs in a subprocess
 because the rest of the CPU suite imports numba in simulator mode, which
 cannot compile.
@@ -24,9 +24,10 @@ SPECS = textwrap.dedent("""
     paths = [(1, 1, False), (1, 2, False), (1, 3, False), (1, 1, True), (2, 1, True)]
     specs = [PlaneSpec(3, storage, i, o, bwd, scratch, 32, 2, 128, 8, scratch)
              for storage in STORAGE for (i, o, bwd) in paths for scratch in (False, True)]
-    specs += [PlaneSpec(k, "float32", 1, 1, bwd, False, threads, strip, 0, group)
+    specs += [PlaneSpec(k, "float32", 1, 1, bwd, False, threads, strip, 0, group, sync)
               for k in (1, 5, 7) for bwd in (False, True)
-              for (threads, strip, group) in ((128, 4, 2), (32, 1, 8))]
+              for (threads, strip, group, sync) in ((128, 4, 2, False), (32, 1, 8, False),
+                                                    (16, 1, 16, True))]
     specs += [FinalizeSpec(k, storage) for k in (1, 3, 5, 7) for storage in STORAGE]
 """)
 

@@ -109,11 +109,12 @@ def test_both_analysis_decompositions(rng):
     assert_close(run_layer(rng, (1, 2, 17, 23), 3, 3, 1), DTYPES["float32"][1])
 
 
-@pytest.mark.parametrize("threads,batch_chunk", [(32, 3), (32, 5), (64, 2)])
+@pytest.mark.parametrize("threads,batch_chunk", [(32, 3), (32, 5), (64, 2), (16, 3)])
 def test_batch_chunked_weight_gradients(rng, threads, batch_chunk):
     """Backward work units of several batch entries: B = 5 gives a ragged last unit (rb 3, 2),
     or one unit per channel (rb 5); 32-thread planes run 8 groups per block (warp barriers),
-    64-thread planes 2 (block barriers), and some groups are past the last unit."""
+    16-thread planes 16 (two per warp), 64-thread planes 2 (block barriers), and some groups
+    are past the last unit."""
     tuning = Tuning(threads=threads, batch_chunk=batch_chunk)
     problem = Problem(5, 3, 7, 9, 3, 2, 1, "float32", True)
     plan = plan_plane(problem, True, 227 * 1024, 2, tuning)
@@ -147,3 +148,14 @@ def test_work_buffers_match_requests(rng, shared_limit):
     grads = Weights(*(np.empty_like(a) for a in weights))
     run_backward(backend, problem, x, x.copy(), np.empty_like(x), weights, grads)
     assert tuple(backend.requests) == work_buffers(problem, True, shared_limit, backend.max_slots)
+
+
+@pytest.mark.parametrize("shape,levels,k,stride", [((3, 2, 7, 7), 2, 3, 1), ((2, 3, 9, 6), 1, 5, 2)])
+def test_two_planes_per_warp(rng, shape, levels, k, stride):
+    """16-thread planes, two per warp with warp barriers; a block of 4 planes (two warps)
+    and a plane count that leaves groups past the last plane."""
+    tuning = Tuning(threads=16, planes_per_block=4)
+    problem = Problem(*shape, k, levels, stride, "float32", True)
+    spec = plan_plane(problem, False, 227 * 1024, 2, tuning).spec
+    assert spec.warp_sync and spec.threads == 16 and spec.planes_per_block == 4
+    assert_close(run_layer(rng, shape, levels, k, stride, tuning=tuning), DTYPES["float32"][1])

@@ -62,9 +62,12 @@ class PlaneSpec(NamedTuple):
         Planes a block works on side by side (``threads`` each); small planes
         need several to keep a multiprocessor busy.
     warp_sync : bool
-        Each plane's thread group is one warp (``threads == 32``) and waits
-        only for itself (``syncwarp``) instead of for the whole block, so the
-        planes of a block run independently.
+        Each plane's thread group lies within one warp (``threads`` 32, or 16,
+        8, ... with several groups per warp) and waits only for its warp
+        (``syncwarp``) instead of for the whole block, so the warps of a block
+        run independently. Groups that share a warp pass the same barriers
+        (their control flow differs only inside work loops), and a block
+        holds whole warps.
     """
 
     kernel_size: int
@@ -267,16 +270,18 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
     ------
     ValueError
         ``spec.kernel_size`` is even or smaller than 1, ``spec.storage`` is
-        not one of `STORAGE`, or ``spec.warp_sync`` is set with ``threads``
-        other than 32.
+        not one of `STORAGE`, or ``spec.warp_sync`` is set with groups that do
+        not tile whole warps.
     """
     K, T, G = spec.kernel_size, spec.threads, spec.planes_per_block
     if K < 1 or K % 2 == 0:
         raise ValueError(f"kernel_size must be odd and >= 1, got {K}")
     if spec.storage not in STORAGE:
         raise ValueError(f"storage must be one of {STORAGE}, got {spec.storage!r}")
-    if spec.warp_sync and T != 32:
-        raise ValueError(f"warp_sync needs threads == 32 (one warp per plane), got {T}")
+    if spec.warp_sync and (32 % T or (T * G) % 32):
+        raise ValueError("warp_sync needs thread groups that tile whole warps (threads "
+                         f"dividing 32, threads * planes_per_block a multiple of 32), got "
+                         f"threads={T}, planes_per_block={G}")
     e = _Emitter()
 
     e("def wtconv_plane(src, out, xsrc, w0, b0, s0, ww, ws, part, scratch, geo, "

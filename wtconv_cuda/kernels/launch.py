@@ -102,13 +102,14 @@ class Tuning(NamedTuple):
     max_registers : int or None
         Register cap handed to ptxas; 0 leaves it free.
     planes_per_block : int or None
-        Planes a block runs side by side. The default is
-        8 planes of 32 threads, else ``128 // threads`` (at least 1); with
-        shared memory it is halved until the planes' buffers fit.
+        Planes a block runs side by side. The default is ``256 // threads``
+        planes of 32 threads or fewer (16 of 16, 8 of 32), else
+        ``128 // threads`` (at least 1); with shared memory it is halved
+        until the planes' buffers fit.
     warp_sync : bool or None
-        One warp per plane, synchronised with ``syncwarp`` (see
+        Planes of one warp or less, synchronised with ``syncwarp`` (see
         :class:`~wtconv_cuda.kernels.codegen.PlaneSpec`). The default is on
-        exactly when ``threads`` is 32.
+        exactly when ``threads`` divides 32.
     batch_chunk : int or None
         Backward: batch entries per work unit (default :func:`batch_chunk`;
         clipped to ``B``; 1 for the global-scratch variant).
@@ -205,12 +206,18 @@ def _default_group(threads: int) -> int:
     Planes that share a block also share its barriers, so a block holds at most
     128 threads of planes that synchronise with block barriers: one plane of 128
     threads (0.39 against 0.43 ms forward at 64x96x56x56, L5, H200), two of 64
-    (0.28 against 0.31 ms at 64x192x28x28, L4). Warp-synchronous planes of 32
-    threads wait only for themselves: ``MAX_THREADS // 32`` of them.
+    (0.28 against 0.31 ms at 64x192x28x28, L4). Warp-synchronous planes (32
+    threads or a divisor of it) wait only for their warp: ``MAX_THREADS //
+    threads`` of them.
     """
-    if threads == 32:
-        return MAX_THREADS // 32
+    if _tiles_warps(threads):
+        return MAX_THREADS // threads
     return max(1, 128 // threads)
+
+
+def _tiles_warps(threads: int) -> bool:
+    """Whether groups of ``threads`` tile warps (and so may use ``syncwarp``)."""
+    return threads <= 32 and 32 % threads == 0
 
 
 class Launch(NamedTuple):
@@ -273,10 +280,12 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
 
     The working set goes to shared memory when one plane's buffer fits in
     ``shared_limit`` bytes. A block then runs ``planes_per_block`` planes side
-    by side, one thread group and one buffer slot each: by default 8, 2 or 1
-    planes at 32, 64 or 128 threads per plane, halved until their slots fit
-    in ``shared_limit``; the grid covers every plane. Otherwise the slots are in global scratch and the grid
-    is at most ``max_slots // planes_per_block`` persistent blocks (at least
+    by side, one thread group and one buffer slot each: by default 16, 8, 2
+    or 1 planes at 16, 32, 64 or 128 threads per plane, halved until their
+    slots fit in ``shared_limit`` (warp-synchronous groups smaller than a
+    warp stay whole warps; if those do not fit, the scratch path is taken);
+    the grid covers every plane. Otherwise the slots are in global scratch
+    and the grid is at most ``max_slots // planes_per_block`` persistent blocks (at least
     one), which loop over the planes. Plans are cached (``lru_cache``).
 
     Parameters
@@ -310,11 +319,15 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
     slot_bytes = 4 * layout.slot_floats
     scratch = slot_bytes > shared_limit
     group = tuning.planes_per_block or _default_group(threads)
+    warp_sync = _tiles_warps(threads) if tuning.warp_sync is None else tuning.warp_sync
+    # Warp-synchronous groups smaller than a warp come in whole warps.
+    min_group = 32 // threads if warp_sync and threads < 32 else 1
     if not scratch:
-        fits = max(1, shared_limit // slot_bytes)
-        while group > fits:  # halve, keeping the group a power of two (fewer variants)
+        fits = shared_limit // slot_bytes
+        if fits < min_group:
+            scratch = True
+        while group > max(fits, min_group):  # halve, keeping a power of two (fewer variants)
             group //= 2
-    warp_sync = threads == 32 if tuning.warp_sync is None else tuning.warp_sync
     spec = PlaneSpec(p.kernel_size, p.storage, in_stride, out_stride, backward, scratch,
                      threads, strip, max_registers, group, warp_sync)
     rb, units, dims = 1, 0, None

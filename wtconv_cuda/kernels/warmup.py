@@ -203,6 +203,10 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=4)
     parser.add_argument("--cc", default=None, help="target as MAJOR.MINOR (default: the GPU's, else 9.0)")
     parser.add_argument("--report", default=None, help="write a JSON resource report (needs a GPU)")
+    parser.add_argument("--threads", type=int, nargs="+", default=[],
+                        help="also plan with these threads per plane (besides the default)")
+    parser.add_argument("--strips", type=int, nargs="+", default=[0],
+                        help="with --threads: coefficient rows per thread (0 = the default)")
     args = parser.parse_args(argv)
 
     if args.cc is not None:
@@ -216,7 +220,9 @@ def main(argv=None) -> int:
         except Exception:
             cc = (9, 0)
     planes = [tuple(int(v) for v in p.split("x")) for p in args.planes]
-    specs = variants(args.kernel_sizes, args.storage, args.strides, planes)
+    tunings = [Tuning()] + [Tuning(threads=t, strip=q or None)
+                            for t in args.threads for q in args.strips]
+    specs = variants(args.kernel_sizes, args.storage, args.strides, planes, tunings=tunings)
     start = time.perf_counter()
     timings = compile_all(specs, cc, args.jobs)
     slowest = max(t for _, t in timings)
