@@ -227,3 +227,15 @@ def test_planner_keeps_sub_warp_groups_in_whole_warps():
     one = plan_plane(problem, False, slot, 264, tuning)
     assert one.spec.scratch and one.spec.planes_per_block == 2 and one.spec.warp_sync
     assert not plan_plane(problem, False, 227 * 1024, 264, Tuning(threads=64)).spec.warp_sync
+
+
+@pytest.mark.parametrize("hw,forward_threads,backward_threads", [
+    ((7, 7), 16, 16), ((14, 14), 16, 32), ((17, 23), 32, 32), ((28, 28), 64, 64),
+    ((56, 56), 128, 128)])
+def test_default_threads_per_plane(hw, forward_threads, backward_threads):
+    """Two 16-thread planes per warp for the smallest planes (the backward only up to 7x7)."""
+    from wtconv_cuda.kernels.launch import default_tuning
+
+    problem = Problem(64, 96, *hw, 5, 2, 1, "float32", True)
+    assert default_tuning(problem, False).threads == forward_threads
+    assert default_tuning(problem, True).threads == backward_threads

@@ -168,6 +168,14 @@ def batch_chunk(problem: Problem, ntaps: int, group: int, max_slots: int) -> int
     return min(rb, b)
 
 
+#: Level-1 grid cells (``ceil(H/2) * ceil(W/2)``) up to which a pass runs two
+#: 16-thread planes per warp. Forward: 14x14 planes (49 cells) and smaller;
+#: backward: 7x7 (16 cells) and smaller, because 16-thread groups mean more,
+#: smaller weight-gradient units (see :func:`batch_chunk`): at 14x14 that
+#: doubled the partials for a 3% gain (``benchmarks/NOTES.md``).
+SUBWARP_CELLS = {False: 64, True: 16}
+
+
 def default_tuning(problem: Problem, backward: bool) -> Tuning:
     """Launch shape measured best on an H200 for the plane's size.
 
@@ -175,28 +183,33 @@ def default_tuning(problem: Problem, backward: bool) -> Tuning:
     (56, 28, 14 and 7 pixels): large planes want 128 threads per plane and
     4 coefficient rows per thread, one plane per block; small ones 32
     threads (one warp per plane, see ``warp_sync``), fewer rows and several
-    planes per block. Registers are capped at `REGISTER_CAP`; a 64-register
-    cap spills 250+ bytes to local memory.
+    planes per block, and the smallest 16 threads, two planes per warp
+    (`SUBWARP_CELLS`; H200, bf16: forward 0.197 -> 0.143 ms at
+    64x384x14x14, L3, and 0.244 -> 0.136 ms at 64x768x7x7, L2, backward
+    0.501 -> 0.314 ms at 7x7). Registers are capped at `REGISTER_CAP`; a
+    64-register cap spills 250+ bytes to local memory.
 
     Parameters
     ----------
     problem : Problem
         Only ``height`` and ``width`` are used.
     backward : bool
-        The pass being planned (both passes currently get the same shape).
+        The pass being planned.
 
     Returns
     -------
     Tuning
         ``threads`` and ``strip`` from the level-1 grid size, ``max_registers``
-        `REGISTER_CAP`; ``planes_per_block`` 8, 2 and 1 for 32, 64 and 128
-        threads (:func:`plan_plane` halves it until the planes fit);
-        ``warp_sync`` ``None`` (on for 32 threads).
+        `REGISTER_CAP`; ``planes_per_block`` 16, 8, 2 and 1 for 16, 32, 64
+        and 128 threads (:func:`plan_plane` halves it until the planes fit);
+        ``warp_sync`` ``None`` (on for 16 and 32 threads).
     """
     h1, w1 = -(-problem.height // 2), -(-problem.width // 2)
     strip = 4 if h1 >= 16 else (2 if h1 >= 6 else 1)
     area = h1 * w1
     threads = 128 if area >= 512 else (64 if area >= 128 else 32)
+    if area <= SUBWARP_CELLS[bool(backward)]:
+        threads = 16
     return Tuning(threads, strip, REGISTER_CAP, _default_group(threads))
 
 
