@@ -93,7 +93,8 @@ def trace(fn, inputs, steps: int) -> dict:
         for i in range(steps):
             fn(*inputs[i % len(inputs)])
         torch.cuda.synchronize()
-    by_cat, by_kernel, waits, intervals = defaultdict(float), defaultdict(float), defaultdict(int), []
+    by_cat, by_kernel, waits = defaultdict(float), defaultdict(float), defaultdict(int)
+    intervals = []
     cpu_ops = defaultdict(float)
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:

@@ -1,7 +1,8 @@
 """Forward and backward on a few shapes, for compute-sanitizer (scripts/sanitizer.sh).
 
 Covers the shared-memory variant (several one-warp planes per block with
-warp barriers, and one 128-thread plane per block), the global
+warp barriers, two 16-thread planes per warp on the smallest planes, 64-thread
+planes with block barriers, and one 128-thread plane per block), the global
 scratch variant (persistent blocks over planes), strides 1, 2 and 3, float32
 and float16, levels deeper than the image, and backward work units of
 several batch entries (``batch_chunk`` forced: ragged last units, several
@@ -24,13 +25,13 @@ from wtconv_cuda.kernels.launch import (CupyBackend, Problem, Tuning, Weights, r
 
 CASES = [  # (B, C, H, W), K, L, stride, storage, scratch, backward batch chunk (0: default)
     ((2, 3, 17, 23), 3, 2, 1, "float32", False, 0),
-    ((2, 2, 9, 7), 5, 3, 2, "float16", False, 0),
+    ((2, 2, 9, 7), 5, 3, 2, "float16", False, 0),  # forward: two 16-thread planes per warp
     ((1, 2, 3, 2), 3, 4, 1, "float32", False, 0),
     ((1, 2, 48, 46), 5, 3, 1, "float32", False, 0),  # 128 threads, one plane per block
     ((3, 2, 33, 31), 3, 2, 1, "float32", True, 0),
     ((2, 3, 20, 18), 5, 2, 3, "float32", True, 0),
     ((1, 5, 64, 64), 5, 4, 1, "float16", True, 0),
-    ((5, 3, 7, 7), 5, 2, 1, "float32", False, 2),  # units of 2, 2, 1; 9 units, 8 per block
+    ((5, 3, 7, 7), 5, 2, 1, "float32", False, 2),  # units of 2, 2, 1; 16 planes per block
     ((9, 2, 14, 13), 3, 3, 1, "float16", False, 4),
     ((7, 4, 28, 28), 5, 4, 1, "float32", False, 3),  # 64-thread planes, block barriers
 ]

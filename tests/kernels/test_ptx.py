@@ -3,8 +3,8 @@
 The simulator does not type-check; compiling with ``numba.cuda.compile_ptx``
 does. The variants below cover every storage type, direction, input and
 output stride path (1, 2 and the generic one), shared memory and global
-scratch, block and warp (``syncwarp``) barriers (one and two planes per warp), several kernel sizes and
-launch shapes. This runs in a subprocess
+scratch, block and warp (``syncwarp``) barriers (one and two planes per
+warp), several kernel sizes and launch shapes. This runs in a subprocess
 because the rest of the CPU suite imports numba in simulator mode, which
 cannot compile.
 """
