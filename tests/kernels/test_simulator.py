@@ -159,3 +159,13 @@ def test_two_planes_per_warp(rng, shape, levels, k, stride):
     spec = plan_plane(problem, False, 227 * 1024, 2, tuning).spec
     assert spec.warp_sync and spec.threads == 16 and spec.planes_per_block == 4
     assert_close(run_layer(rng, shape, levels, k, stride, tuning=tuning), DTYPES["float32"][1])
+
+
+def test_two_planes_per_warp_on_global_scratch(rng):
+    """16-thread planes on the scratch path (persistent blocks of whole warps)."""
+    tuning = Tuning(threads=16, planes_per_block=2)
+    problem = Problem(2, 3, 6, 7, 3, 2, 1, "float32", True)
+    spec = plan_plane(problem, True, 0, 2, tuning).spec
+    assert spec.scratch and spec.warp_sync and spec.planes_per_block == 2
+    errors = run_layer(rng, (2, 3, 6, 7), 2, 3, 1, shared_limit=0, tuning=tuning)
+    assert_close(errors, DTYPES["float32"][1])
