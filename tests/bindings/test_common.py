@@ -239,3 +239,12 @@ def test_default_threads_per_plane(hw, forward_threads, backward_threads):
     problem = Problem(64, 96, *hw, 5, 2, 1, "float32", True)
     assert default_tuning(problem, False).threads == forward_threads
     assert default_tuning(problem, True).threads == backward_threads
+
+
+def test_planner_gives_block_barriers_to_a_part_filled_warp():
+    """One 16-thread plane per block (an explicit group) cannot use warp barriers."""
+    from wtconv_cuda.kernels.launch import Tuning
+
+    problem = Problem(1, 1, 1, 1, 1, 0, 1, "float16", False)
+    spec = plan_plane(problem, False, 227 * 1024, 2, Tuning(planes_per_block=1)).spec
+    assert (spec.threads, spec.planes_per_block, spec.warp_sync) == (16, 1, False)

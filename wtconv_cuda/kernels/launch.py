@@ -109,7 +109,8 @@ class Tuning(NamedTuple):
     warp_sync : bool or None
         Planes of one warp or less, synchronised with ``syncwarp`` (see
         :class:`~wtconv_cuda.kernels.codegen.PlaneSpec`). The default is on
-        exactly when ``threads`` divides 32.
+        exactly when ``threads`` divides 32 and the block's planes fill whole
+        warps.
     batch_chunk : int or None
         Backward: batch entries per work unit (default :func:`batch_chunk`;
         clipped to ``B``; 1 for the global-scratch variant).
@@ -332,7 +333,9 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
     slot_bytes = 4 * layout.slot_floats
     scratch = slot_bytes > shared_limit
     group = tuning.planes_per_block or _default_group(threads)
-    warp_sync = _tiles_warps(threads) if tuning.warp_sync is None else tuning.warp_sync
+    warp_sync = tuning.warp_sync
+    if warp_sync is None:  # an explicit group that leaves a warp part-filled gets block barriers
+        warp_sync = _tiles_warps(threads) and (threads * group) % 32 == 0
     # Warp-synchronous groups smaller than a warp come in whole warps.
     min_group = 32 // threads if warp_sync and threads < 32 else 1
     if not scratch:
