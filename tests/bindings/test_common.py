@@ -248,3 +248,21 @@ def test_planner_gives_block_barriers_to_a_part_filled_warp():
     problem = Problem(1, 1, 1, 1, 1, 0, 1, "float16", False)
     spec = plan_plane(problem, False, 227 * 1024, 2, Tuning(planes_per_block=1)).spec
     assert (spec.threads, spec.planes_per_block, spec.warp_sync) == (16, 1, False)
+
+
+@pytest.mark.parametrize("hw,levels", [((56, 56), 5), ((28, 28), 4), ((14, 14), 3), ((7, 7), 2)])
+@pytest.mark.parametrize("storage,itemsize", [("float32", 4), ("bfloat16", 2)])
+def test_backward_partials_at_convnext_stages(hw, levels, storage, itemsize):
+    """On an H200's limits the weight-gradient partials stay within 1/8 of the bytes of x
+    at B = 64 (the peak-memory target), or at one partial per channel, and the grid keeps
+    at least two blocks per multiprocessor."""
+    from wtconv_cuda.kernels.launch import PARTIAL_FRACTION
+
+    c = {56: 96, 28: 192, 14: 384, 7: 768}[hw[0]]
+    problem = Problem(64, c, *hw, 5, levels, 1, storage, True)
+    plan = plan_plane(problem, True, 227 * 1024, 264)
+    x_bytes = 64 * c * hw[0] * hw[1] * itemsize
+    per_channel = plan.partial_floats // (c * plan.ntaps)
+    assert plan.partial_floats * 4 <= PARTIAL_FRACTION * x_bytes or per_channel == 1
+    assert plan.grid >= 264
+    assert tuple(plan.finalize_dims) == (64, c, levels, 1, per_channel)

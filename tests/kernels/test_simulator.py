@@ -86,10 +86,16 @@ def test_without_bias(rng):
     assert_close(run_layer(rng, (1, 2, 6, 5), 2, 3, 2, bias=False), DTYPES["float32"][1])
 
 
-@pytest.mark.parametrize("stride", [1, 3])
-def test_global_scratch_path(rng, stride):
-    """Planes too large for shared memory use persistent blocks over global scratch."""
-    errors = run_layer(rng, (3, 2, 7, 9), 2, 3, stride, shared_limit=0)
+@pytest.mark.parametrize("stride,group", [(1, None), (3, None), (1, 3)])
+def test_global_scratch_path(rng, stride, group):
+    """Planes too large for shared memory use persistent blocks over global scratch; with
+    3 planes per block, one block loops twice and adds each channel's 3 units into one
+    partial from three scratch slots."""
+    tuning = Tuning(planes_per_block=group)
+    if group:
+        plan = plan_plane(Problem(3, 2, 7, 9, 3, 2, stride, "float32", True), True, 0, 2, tuning)
+        assert (plan.grid, plan.units_per_partial, plan.spec.scratch) == (1, 3, True)
+    errors = run_layer(rng, (3, 2, 7, 9), 2, 3, stride, shared_limit=0, tuning=tuning)
     assert_close(errors, DTYPES["float32"][1])
 
 
@@ -109,16 +115,20 @@ def test_both_analysis_decompositions(rng):
     assert_close(run_layer(rng, (1, 2, 17, 23), 3, 3, 1), DTYPES["float32"][1])
 
 
-@pytest.mark.parametrize("threads,batch_chunk", [(32, 3), (32, 5), (64, 2), (16, 3)])
-def test_batch_chunked_weight_gradients(rng, threads, batch_chunk):
+@pytest.mark.parametrize("threads,batch_chunk,group,units_per_partial", [
+    (32, 3, None, 2), (32, 5, None, 1), (64, 2, None, 1), (16, 3, None, 2), (32, 1, 5, 5)])
+def test_batch_chunked_weight_gradients(rng, threads, batch_chunk, group, units_per_partial):
     """Backward work units of several batch entries: B = 5 gives a ragged last unit (rb 3, 2),
     or one unit per channel (rb 5); 32-thread planes run 8 groups per block (warp barriers),
     16-thread planes 16 (two per warp), 64-thread planes 2 (block barriers), and some groups
-    are past the last unit."""
-    tuning = Tuning(threads=threads, batch_chunk=batch_chunk)
+    are past the last unit. A block adds runs of gcd(groups, units per channel) units into
+    one partial: runs of 2, of 1, and (5 groups of 5 one-plane units) of 5."""
+    tuning = Tuning(threads=threads, batch_chunk=batch_chunk, planes_per_block=group)
     problem = Problem(5, 3, 7, 9, 3, 2, 1, "float32", True)
     plan = plan_plane(problem, True, 227 * 1024, 2, tuning)
     assert plan.batch_chunk == batch_chunk and plan.units == 3 * -(-5 // batch_chunk)
+    assert plan.units_per_partial == units_per_partial
+    assert plan.partial_floats == plan.units // units_per_partial * plan.ntaps
     assert_close(run_layer(rng, (5, 3, 7, 9), 2, 3, 1, tuning=tuning), DTYPES["float32"][1])
 
 

@@ -18,9 +18,10 @@ Two kernels are generated:
     With ``backward=True`` it runs the same pipeline on ``dy`` with flipped
     taps (that is ``dx``), then loads ``x`` and correlates both pyramids into
     weight-gradient sums. A backward thread group works on *units* of ``rb``
-    consecutive batch entries of one channel, adds up the unit's weight
-    gradients on chip and writes one partial per unit (so the partials take
-    ``C * ceil(B / rb) * ntaps`` floats instead of ``B * C * ntaps``).
+    consecutive batch entries of one channel and adds up the unit's weight
+    gradients on chip; the block then adds the sums of its units of one
+    channel into one partial (so the partials take ``C * ceil(B / rb) / M *
+    ntaps`` floats instead of ``B * C * ntaps``, ``M`` units per partial).
 ``wtconv_finalize``
     One block per channel: sums the channel's unit partials in a fixed order
     (deterministic) and unfolds them into the gradients of the published
@@ -251,7 +252,8 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
     groups take work units instead of planes: ``rb`` (header field
     ``bchunk``) planes
     of one channel in turn, their weight-gradient sums kept in the slot's
-    unit-sum region and written to ``part[unit * ntaps:]`` once. Generated
+    unit-sum region; the block adds the sums of its units of one channel into
+    one partial (see ``_emit_block_partials``). Generated
     code names its locals apart from the header fields (which are kernel
     parameters): a test checks that no header field is assigned.
 
@@ -327,6 +329,15 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
               "# and a plane past the batch recomputes the last plane; neither stores.",
               "nchunks = (B + bchunk - 1) // bchunk",
               "nunits = C * nchunks",
+              f"# upart = gcd({G}, nchunks): units summed into one partial (see",
+              "# units_per_partial in launch.py)",
+              f"upart = int64({G})",
+              "rest = nchunks",
+              "while rest != 0:",
+              "    tmp = upart % rest",
+              "    upart = rest",
+              "    rest = tmp",
+              f"sb0 = sb - grp * {_geo('slot')}",
               "while first < nunits:")
             with e.indent():
                 e("# (few values stay live across the planes: registers are tight)",
@@ -344,15 +355,42 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
                       "cuda.syncthreads()")
                     _emit_plane_pass(e, spec)
                     _emit_weight_gradients(e, spec)
-                e("cuda.syncthreads()",
-                  "if first + grp < nunits:",
-                  f"    for i in range(tid, ntaps, {T}):",
-                  "        part[(first + grp) * ntaps + i] = S[sb + w_off + i]")
+                _emit_block_partials(e, spec)
                 e(f"first += cuda.gridDim.x * {G}")
     text = e.text()
-    if spec.warp_sync:  # every barrier only orders one group's own slot
+    if spec.warp_sync:  # every other barrier only orders one group's own slot
         text = text.replace("cuda.syncthreads()", "cuda.syncwarp()")
-    return text
+    return text.replace(_BLOCK_BARRIER, "cuda.syncthreads()")
+
+
+#: Placeholder of a barrier that stays a block barrier in a ``warp_sync``
+#: variant (the partial sums read every group's slot).
+_BLOCK_BARRIER = "BLOCK_BARRIER()"
+
+
+def _emit_block_partials(e: _Emitter, spec: PlaneSpec) -> None:
+    """Backward: add up the block's unit sums into weight-gradient partials.
+
+    The block's groups hold ``G`` consecutive units (``first`` is a multiple
+    of ``G``). Runs of ``M = gcd(G, nchunks)`` of them belong to one channel
+    (``nchunks`` is a multiple of ``M``), so each run's unit sums are added in
+    group order into one partial, ``part[unit // M * ntaps:]``: ``M`` times
+    fewer partials than units, in a fixed order (deterministic). Groups past
+    the last unit never add to their sums, and a run is either wholly before or
+    wholly past it. Two block barriers: every group's sums are complete before
+    the read, and read before the next unit clears them.
+    """
+    T, G = spec.threads, spec.planes_per_block
+    e(_BLOCK_BARRIER,
+      f"for idx in range(cuda.threadIdx.x, ({G} // upart) * ntaps, {T * G}):")
+    with e.indent():
+        e("run = idx // ntaps", "i = idx - run * ntaps", "u0 = first + run * upart",
+          "if u0 < nunits:")
+        with e.indent():
+            e("tot = fz", "for g in range(upart):",
+              f"    tot += S[sb0 + (run * upart + g) * {_geo('slot')} + w_off + i]",
+              "part[(u0 // upart) * ntaps + i] = tot")
+    e(_BLOCK_BARRIER)
 
 
 def _emit_plane_pass(e: _Emitter, spec: PlaneSpec) -> None:
@@ -852,8 +890,8 @@ def finalize_kernel_source(spec: FinalizeSpec) -> str:
     dims)`` (see :func:`wtconv_cuda.kernels.compiler.finalize_signature`) and
     runs one block per channel, with ``4 * ntaps`` bytes of dynamic shared
     memory. ``dims`` holds ``(B, C, L, has_bias, nchunks)``. The partials of
-    channel ``c`` are its ``nchunks`` work units (``part[(c * nchunks + u) *
-    ntaps:]``), summed in index order; level taps carry the two Haar factors
+    channel ``c`` are ``part[(c * nchunks + u) * ntaps:]`` for ``u <
+    nchunks`` (one per run of work units), summed in index order; level taps carry the two Haar factors
     1/2 (one from each pyramid), applied here exactly.
 
     Parameters

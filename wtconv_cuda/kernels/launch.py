@@ -13,6 +13,7 @@ C-contiguous and already in the storage dtype; validation is the caller's job.
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -134,12 +135,14 @@ PARTIAL_FRACTION = 1 / 8
 def batch_chunk(problem: Problem, ntaps: int, group: int, max_slots: int) -> int:
     """Batch entries per backward work unit: small partials, enough blocks.
 
-    Each unit writes ``ntaps`` float32 partials, so ``rb`` entries per unit
-    divide the partial memory (``B * C * ntaps * 4`` bytes at ``rb = 1``:
-    4.6x the bytes of ``x`` at 64x768x7x7, L2, K5, fp32) by ``rb``. Larger
-    units also mean fewer, longer blocks. The choice doubles ``rb`` from 1
-    while the partials exceed `PARTIAL_FRACTION` of the bytes of ``x`` and
-    the doubled grid still has at least ``max_slots`` (two per SM) blocks.
+    Each unit's ``ntaps`` float32 sums go into a partial shared by
+    :func:`units_per_partial` units, so the partials take ``B * C * ntaps *
+    4 / (rb * M)`` bytes (4.6x the bytes of ``x`` at 64x768x7x7, L2, K5,
+    fp32, for ``rb = M = 1``). Larger units also mean fewer, longer blocks.
+    The choice doubles ``rb`` from 1 while the partials exceed
+    `PARTIAL_FRACTION` of the bytes of ``x``, a channel still has more than
+    one partial, and the doubled grid still has at least ``max_slots`` (two
+    per SM) blocks.
 
     Parameters
     ----------
@@ -161,12 +164,38 @@ def batch_chunk(problem: Problem, ntaps: int, group: int, max_slots: int) -> int
     x_bytes = b * c * problem.height * problem.width * ITEMSIZE[problem.storage]
     rb = 1
     while rb < b:
-        if c * -(-b // rb) * ntaps * 4 <= PARTIAL_FRACTION * x_bytes:
+        nchunks = -(-b // rb)
+        per_channel = nchunks // units_per_partial(group, nchunks)
+        if per_channel == 1 or c * per_channel * ntaps * 4 <= PARTIAL_FRACTION * x_bytes:
             break
         if -(-(c * -(-b // (2 * rb))) // group) < max_slots:
             break
         rb *= 2
     return min(rb, b)
+
+
+def units_per_partial(group: int, nchunks: int) -> int:
+    """Work units a backward block adds into one weight-gradient partial.
+
+    A block's ``group`` units are consecutive and start at a multiple of
+    ``group``; a channel has ``nchunks`` consecutive units. Runs of
+    ``gcd(group, nchunks)`` units therefore never straddle two channels. The
+    kernel computes the same value (``upart`` in
+    :func:`wtconv_cuda.kernels.codegen.plane_kernel_source`).
+
+    Parameters
+    ----------
+    group : int
+        Thread groups (units in flight) per block.
+    nchunks : int
+        Units per channel, ``ceil(B / rb)``.
+
+    Returns
+    -------
+    int
+        ``M >= 1``, dividing both.
+    """
+    return math.gcd(group, nchunks)
 
 
 #: Level-1 grid cells (``ceil(H/2) * ceil(W/2)``) up to which a pass runs two
@@ -262,11 +291,13 @@ class Launch(NamedTuple):
         Backward: batch entries per work unit (``rb``, see
         :func:`batch_chunk`); 1 forward.
     units : int
-        Backward: work units, ``C * ceil(B / batch_chunk)``, each writing
-        ``ntaps`` weight-gradient partials; 0 forward.
+        Backward: work units, ``C * ceil(B / batch_chunk)``; 0 forward.
+    units_per_partial : int
+        Backward: units whose sums make one ``ntaps``-float weight-gradient
+        partial (:func:`units_per_partial`); 1 forward.
     finalize_dims : numpy.ndarray or None
         Backward: the finalize kernel's read-only ``dims`` table ``(B, C, L,
-        has_bias, units // C)``; None forward.
+        has_bias, partials per channel)``; None forward.
     """
 
     spec: PlaneSpec
@@ -279,12 +310,13 @@ class Launch(NamedTuple):
     header: tuple = ()
     batch_chunk: int = 1
     units: int = 0
+    units_per_partial: int = 1
     finalize_dims: np.ndarray | None = None
 
     @property
     def partial_floats(self) -> int:
-        """float32 elements of the backward's weight-gradient partials (``units * ntaps``)."""
-        return self.units * self.ntaps
+        """float32 elements of the backward's weight-gradient partials."""
+        return self.units // self.units_per_partial * self.ntaps
 
 
 @lru_cache(maxsize=1024)
@@ -346,7 +378,7 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
             group //= 2
     spec = PlaneSpec(p.kernel_size, p.storage, in_stride, out_stride, backward, scratch,
                      threads, strip, max_registers, group, warp_sync)
-    rb, units, dims = 1, 0, None
+    rb, units, upart, dims = 1, 0, 1, None
     if backward:
         if scratch:
             rb = 1
@@ -354,8 +386,9 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
             rb = max(1, min(int(tuning.batch_chunk), p.batch))
         else:
             rb = batch_chunk(p, layout.ntaps, group, max_slots)
-        units = p.channels * -(-p.batch // rb)
-        dims = np.array([p.batch, p.channels, p.levels, int(p.has_bias), units // p.channels],
+        nchunks = -(-p.batch // rb)
+        units, upart = p.channels * nchunks, units_per_partial(group, nchunks)
+        dims = np.array([p.batch, p.channels, p.levels, int(p.has_bias), nchunks // upart],
                         dtype=np.int64)
         dims.setflags(write=False)
     geo = with_problem(layout, p.channels, planes, p.has_bias, rb)
@@ -365,9 +398,9 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
     if scratch:
         blocks = max(1, min(blocks, max_slots // group))
         return Launch(spec, blocks, threads * group, 0, blocks * group * layout.slot_floats,
-                      geo, layout.ntaps, header, rb, units, dims)
+                      geo, layout.ntaps, header, rb, units, upart, dims)
     return Launch(spec, blocks, threads * group, group * slot_bytes, 0, geo, layout.ntaps,
-                  header, rb, units, dims)
+                  header, rb, units, upart, dims)
 
 
 class CupyBackend:
