@@ -309,7 +309,7 @@ def fake_row(label="64x96x56x56 L5", dtype="float32", skipped=False):
         return row
     row.update({
         "inference_ms": {"ours": 0.5, "cupy": 0.49, "materialising": 2.0, "dw7": 0.6},
-        "training_ms": {"ours": 2.0, "materialising": 8.0, "dw7": 3.0},
+        "training_ms": {"ours": 2.0, "cupy": 1.75, "materialising": 8.0, "dw7": 3.0},
         "training_peak_bytes": {"ours": 300 * 2**20, "materialising": 3000 * 2**20,
                                 "dw7": 400 * 2**20},
         "speedup": {"inference_vs_dw7": 1.2, "inference_vs_materialising": 4.0,
@@ -326,7 +326,7 @@ def fake_report():
             "options": {"repeats": 30, "rotations": 3},
             "host_overhead": {"shape": [1, 8, 16, 16], "levels": 3, "calls": 500,
                               "us": {"ours": {"forward_us": 44.0, "training_us": 140.0},
-                                     "cupy": {"forward_us": 30.0},
+                                     "cupy": {"forward_us": 30.0, "training_us": 95.5},
                                      "dw7": {"error": "RuntimeError: boom"}}},
             "rows": [fake_row(), fake_row(dtype="float16"),
                      fake_row("8x128x512x512 L5", skipped=True)]}
@@ -340,6 +340,7 @@ def test_render_report():
     assert "skipped (time budget)" in text
     assert "1 configurations skipped" in text
     assert "44.0" in text and "error" in text
+    assert "1.750" in text and "95.5" in text  # the CuPy path's training step and its host cost
 
 
 def test_exit_status():

@@ -52,9 +52,12 @@ def _device_id(arr):
     return getattr(device, "id", None)
 
 
-def _check_same_device(name: str, arr, x) -> None:
-    """CuPy arrays only: ``arr`` must live on ``x``'s GPU (the kernels read raw pointers)."""
-    want, found = _device_id(x), _device_id(arr)
+def _check_same_device(name: str, arr, want) -> None:
+    """CuPy arrays only: ``arr`` must live on GPU ``want``, x's (the kernels read raw pointers).
+
+    ``want`` is ``_device_id(x)``, found once per call.
+    """
+    found = _device_id(arr)
     if want is not None and found is not None and int(want) != int(found):
         raise ValueError(
             f"{name} is on CUDA device {found} but x is on CUDA device {want}; "
@@ -94,16 +97,24 @@ def _check_x(x) -> None:
 def _check_weights(weights, x, library: str, same_dtype: bool) -> None:
     if not isinstance(weights, WTConvWeights):
         raise TypeError(f"weights must be a WTConvWeights, got {type(weights).__name__}")
-    for name, arr in weights._asdict().items():
+    for name, arr in zip(WTConvWeights._fields, weights):
         if arr is None and name != "base_bias":
             raise TypeError(
                 f"weights.{name} must be an array (only weights.base_bias may be None), got None"
             )
-    present = {name: arr for name, arr in weights._asdict().items() if arr is not None}
-    for name, arr in present.items():
-        _check_library(f"weights.{name}", arr, library)
+    # Fast paths (this runs on every call): an array of x's own type is of x's
+    # library, and one of x's dtype has a supported dtype (x's was checked).
+    x_type, x_dtype = type(x), x.dtype
+    x_device = _device_id(x) if library == "cupy" else None
+    for name, arr in zip(WTConvWeights._fields, weights):
+        if arr is None:
+            continue
+        if type(arr) is not x_type:
+            _check_library(f"weights.{name}", arr, library)
         if library == "cupy":
-            _check_same_device(f"weights.{name}", arr, x)
+            _check_same_device(f"weights.{name}", arr, x_device)
+        if same_dtype and arr.dtype == x_dtype:
+            continue
         _check_dtype(f"weights.{name}", arr)
         if same_dtype:
             _check_same_dtype(f"weights.{name}", arr, x)
@@ -153,6 +164,8 @@ def _resolve_levels(levels, weights: WTConvWeights) -> int:
 
 
 def _check_stride(stride) -> int:
+    if type(stride) is int and stride >= 1:  # the common case, without the ABC check below
+        return stride
     if isinstance(stride, bool) or not isinstance(stride, numbers.Integral):
         raise TypeError(f"stride must be an int, got {type(stride).__name__} {stride!r}")
     if stride < 1:
@@ -226,12 +239,14 @@ def check_dy(dy, x, stride: int, *, same_dtype: bool) -> None:
         ``dy`` has the wrong shape, or (CuPy) is on another GPU than ``x``.
     """
     library = array_library(x)
-    _check_library("dy", dy, library)
+    if type(dy) is not type(x):
+        _check_library("dy", dy, library)
     if library == "cupy":
-        _check_same_device("dy", dy, x)
-    _check_dtype("dy", dy)
-    if same_dtype:
-        _check_same_dtype("dy", dy, x)
+        _check_same_device("dy", dy, _device_id(x))
+    if not (same_dtype and dy.dtype == x.dtype):
+        _check_dtype("dy", dy)
+        if same_dtype:
+            _check_same_dtype("dy", dy, x)
     expected = output_shape(tuple(x.shape), stride)
     _check_shape("dy", dy, expected, f"(B, C, ceil(H/{stride}), ceil(W/{stride})) of the output")
 

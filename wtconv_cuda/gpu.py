@@ -11,9 +11,14 @@ from __future__ import annotations
 import numpy as np
 
 from ._validate import output_shape
+from .kernels.driver import DeviceScope
+from .kernels.launch import CupyBackend, Problem, Weights, run_backward, run_forward
 from .weights import WTConvWeights
 
 _backends: dict = {}
+#: dtype -> storage name, filled on first use (``numpy.dtype(...).name`` costs
+#: a few microseconds per call).
+_STORAGE_OF: dict = {}
 
 
 def storage_of(dtype) -> str:
@@ -35,8 +40,12 @@ def storage_of(dtype) -> str:
         Any other dtype (float64 and integers included: the kernels compute
         in float32 and would silently lose float64 precision).
     """
+    name = _STORAGE_OF.get(dtype)
+    if name is not None:
+        return name
     name = np.dtype(dtype).name
     if name in ("float32", "float16", "bfloat16"):
+        _STORAGE_OF[dtype] = name
         return name
     raise TypeError(
         f"x has dtype {name}; the GPU kernels support float32, float16 and bfloat16 "
@@ -47,20 +56,17 @@ def storage_of(dtype) -> str:
 def _backend(device_id: int):
     backend = _backends.get(device_id)
     if backend is None:
-        from .kernels.launch import CupyBackend
         backend = _backends[device_id] = CupyBackend(device_id)
     return backend
 
 
 def _problem(x, w: WTConvWeights, levels: int, stride: int):
-    from .kernels.launch import Problem
     b, c, h, width = x.shape
     return Problem(b, c, h, width, w.base_weight.shape[-1], levels, stride,
                    storage_of(x.dtype), w.base_bias is not None)
 
 
 def _kernel_weights(w: WTConvWeights, cupy):
-    from .kernels.launch import Weights
     arrays = [cupy.ascontiguousarray(a) for a in (w.base_weight, w.base_scale,
                                                  w.wavelet_weight, w.wavelet_scale)]
     base_weight, base_scale, wavelet_weight, wavelet_scale = arrays
@@ -95,14 +101,13 @@ def forward(x, w: WTConvWeights, levels: int, stride: int):
         The kernel variant could not be compiled or loaded on ``x``'s device.
     """
     import cupy
-
-    from .kernels.launch import run_forward
     problem = _problem(x, w, levels, stride)
-    with cupy.cuda.Device(x.device.id):
+    device_id = x.device.id
+    with DeviceScope(device_id):
         y = cupy.empty(output_shape(x.shape, stride), dtype=x.dtype)
         if x.shape[0] == 0:
             return y
-        run_forward(_backend(x.device.id), problem, cupy.ascontiguousarray(x), y,
+        run_forward(_backend(device_id), problem, cupy.ascontiguousarray(x), y,
                     _kernel_weights(w, cupy))
     return y
 
@@ -140,10 +145,9 @@ def backward(x, w: WTConvWeights, dy, levels: int, stride: int):
         loaded on ``x``'s device.
     """
     import cupy
-
-    from .kernels.launch import Weights, run_backward
     problem = _problem(x, w, levels, stride)
-    with cupy.cuda.Device(x.device.id):
+    device_id = x.device.id
+    with DeviceScope(device_id):
         dx = cupy.empty(x.shape, dtype=x.dtype)
         grads = WTConvWeights(*(None if a is None else cupy.empty(a.shape, dtype=a.dtype)
                                 for a in w))
@@ -156,6 +160,6 @@ def backward(x, w: WTConvWeights, dy, levels: int, stride: int):
         grad_bias = grads.base_bias if grads.base_bias is not None else grads.base_scale
         outs = Weights(grads.base_weight, grad_bias, grads.base_scale, grads.wavelet_weight,
                        grads.wavelet_scale)
-        run_backward(_backend(x.device.id), problem, cupy.ascontiguousarray(x),
+        run_backward(_backend(device_id), problem, cupy.ascontiguousarray(x),
                      cupy.ascontiguousarray(dy), dx, weights, outs)
     return dx, grads

@@ -177,13 +177,59 @@ def test_driver_launch_passes_every_parameter_as_8_bytes(monkeypatch):
         values = [ctypes.c_uint64.from_address(p).value for p in pointers]
         seen.append((function, gx, gy, gz, bx, by, bz, shared, stream, values, extra))
 
-    monkeypatch.setattr(_common, "_cu_launch_kernel", fake_launch)
+    from wtconv_cuda.kernels import driver
+
+    monkeypatch.setattr(driver, "_cu_launch_kernel", fake_launch)
     args = (np.uint64(0x7F0000001000), np.int64(5), 7, np.uint64(2**63 + 1))
     _common.driver_launch(0xF00, 12, 128, 4096, 0xABC, args)
     assert seen == [(0xF00, 12, 1, 1, 128, 1, 1, 4096, 0xABC,
                      [0x7F0000001000, 5, 7, 2**63 + 1], 0)]
     with pytest.raises(OverflowError):
         _common.driver_launch(0xF00, 1, 32, 0, 0, (np.int64(-1),))
+
+
+def test_cupy_backend_launches_through_the_driver_with_array_addresses(monkeypatch):
+    """The CuPy path's backend skips CuPy's argument dispatch when the kernel has a handle,
+    asks for the handle once per kernel, and falls back to the RawKernel call without one."""
+    from types import SimpleNamespace
+
+    from wtconv_cuda.kernels import launch
+
+    class FakeArray:
+        def __init__(self, ptr):
+            self.data = SimpleNamespace(ptr=ptr)
+
+    stream = SimpleNamespace(ptr=0xABC)
+    fake_cupy = SimpleNamespace(ndarray=FakeArray,
+                                cuda=SimpleNamespace(get_current_stream=lambda: stream))
+    backend = object.__new__(launch.CupyBackend)
+    backend._cupy, backend._handles = fake_cupy, {}
+    asked = []
+    monkeypatch.setattr(backend, "driver_handle",
+                        lambda kernel: asked.append(kernel) or kernel.handle)
+    launched = []
+    monkeypatch.setattr(launch, "driver_launch", lambda *a: launched.append(a))
+
+    class Kernel:
+        handle = 0xF00
+
+    with_handle = Kernel()
+    args = (FakeArray(0x10), np.int64(3), FakeArray(0x20))
+    for _ in range(2):
+        backend.call(with_handle, 7, 64, args, 128)
+    assert launched == [(0xF00, 7, 64, 128, 0xABC, [0x10, 3, 0x20])] * 2
+    assert asked == [with_handle]
+
+    raw_calls = []
+
+    class RawKernel:
+        handle = None
+
+        def __call__(self, grid, block, call_args, shared_mem):
+            raw_calls.append((grid, block, call_args, shared_mem))
+
+    backend.call(RawKernel(), 5, 32, args, 0)
+    assert raw_calls == [((5,), (32,), args, 0)] and len(launched) == 2
 
 
 class HandleBackend(FakeBackend):

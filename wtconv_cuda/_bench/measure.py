@@ -249,8 +249,9 @@ def cupy_impl(layer, runtime: Runtime, cupy) -> Impl:
     Returns
     -------
     Impl
-        Inference only (``train`` is ``None``); ``prepare`` turns a tensor
-        into a CuPy array sharing its memory.
+        ``train`` records the forward in a :class:`wtconv_cuda.Tape` and runs
+        its backward; ``prepare`` turns a tensor into a CuPy array sharing its
+        memory (applied to ``x`` and ``dy`` before timing).
     """
     import wtconv_cuda as wt
 
@@ -263,10 +264,17 @@ def cupy_impl(layer, runtime: Runtime, cupy) -> Impl:
         with stream:
             return wt.forward(x, weights)
 
+    def train(x, dy, _held=held):
+        with stream:
+            tape = wt.Tape()
+            wt.forward(x, weights, tape=tape)
+            dx, grads = tape.backward(dy)
+        return (dx, *(g for g in grads if g is not None))
+
     def prepare(x):
         return cupy.from_dlpack(x.detach())
 
-    return Impl("cupy", forward, None, prepare, ())
+    return Impl("cupy", forward, train, prepare, ())
 
 
 def build_implementations(cfg: Config, dtype: str, runtime: Runtime, materialising=None,
@@ -427,7 +435,7 @@ def host_overhead(runtime: Runtime, opts: MeasureOptions, materialising=None, cu
             entry["forward_us"] = host_time_per_call(impl.forward, (x,), opts.host_calls,
                                                      sync=runtime.synchronize)
             if impl.train is not None:
-                entry["training_us"] = host_time_per_call(impl.train, (xs[0], dys[0]),
+                entry["training_us"] = host_time_per_call(impl.train, (x, impl.prepare(dys[0])),
                                                           opts.host_calls,
                                                           sync=runtime.synchronize)
         except Exception as exc:  # one failing path must not hide the others
@@ -573,7 +581,7 @@ def measure_config(cfg: Config, dtype: str, runtime: Runtime, opts: MeasureOptio
                     if mode == "inference":
                         inputs = [(impl.prepare(x),) for x in xs]
                     else:
-                        inputs = list(zip(xs, dys))
+                        inputs = [(impl.prepare(x), impl.prepare(dy)) for x, dy in zip(xs, dys)]
                     timing = time_median(fn, inputs, runtime.timer(), opts.repeats, opts.warmup)
                     del inputs
                 except Exception as exc:

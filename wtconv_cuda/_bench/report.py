@@ -129,15 +129,15 @@ def training_table(rows: Sequence[dict]) -> str:
     -------
     str
     """
-    headers = ["config", "dtype", "ours ms", "mat. ms", "dw7x7 ms", "vs mat.", "vs dw7x7",
-               "roofline", "peak MiB ours", "mat.", "dw7x7"]
+    headers = ["config", "dtype", "ours ms", "cupy ms", "mat. ms", "dw7x7 ms", "vs mat.",
+               "vs dw7x7", "roofline", "peak MiB ours", "mat.", "dw7x7"]
     body = []
     for row in rows:
         if "skipped" in row:
             body.append(_skipped(row, len(headers)))
             continue
         t, s, m = row["training_ms"], row["speedup"], row["training_peak_bytes"]
-        body.append([row["label"], row["dtype"], fmt_ms(t.get("ours")),
+        body.append([row["label"], row["dtype"], fmt_ms(t.get("ours")), fmt_ms(t.get("cupy")),
                      fmt_ms(t.get("materialising")), fmt_ms(t.get("dw7")),
                      fmt_times(s.get("training_vs_materialising")),
                      fmt_times(s.get("training_vs_dw7")),

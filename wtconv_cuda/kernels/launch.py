@@ -21,6 +21,7 @@ import numpy as np
 
 from . import compiler
 from .codegen import FinalizeSpec, PlaneSpec
+from .driver import driver_launch
 from .layout import HEADER_FIELDS, plane_layout, with_problem
 
 MAX_THREADS = 256  # per block; a block holds several planes when they are small
@@ -424,6 +425,7 @@ class CupyBackend:
         self.shared_limit = attrs["MaxSharedMemoryPerBlockOptin"] - 1024
         self.max_slots = 2 * attrs["MultiProcessorCount"]
         self._tables: dict = {}
+        self._handles: dict = {}
 
     def kernel(self, spec):
         """The loaded kernel of ``spec`` on this backend's device.
@@ -457,6 +459,13 @@ class CupyBackend:
     def call(self, kernel, grid, block, args, shared_bytes):
         """Launch ``kernel`` on a 1-D grid on the current stream (asynchronous).
 
+        With a driver handle (:meth:`driver_handle`, asked once per kernel)
+        the launch goes straight to ``cuLaunchKernel``
+        (:func:`wtconv_cuda.kernels.driver.driver_launch`), CuPy arrays as
+        their device addresses; otherwise through the ``RawKernel``. The
+        caller makes the device current with its context bound
+        (:class:`wtconv_cuda.kernels.driver.DeviceScope`).
+
         Parameters
         ----------
         kernel : cupy.RawKernel
@@ -464,7 +473,8 @@ class CupyBackend:
         grid, block : int
             Blocks in the grid and threads per block.
         args : tuple
-            The kernel's arguments (CuPy arrays are passed as pointers).
+            The kernel's arguments: CuPy arrays (passed as pointers) and
+            non-negative integers.
         shared_bytes : int
             Dynamic shared memory per block.
 
@@ -473,7 +483,17 @@ class CupyBackend:
         None
             The launch is queued; nothing waits for it.
         """
-        kernel((grid,), (block,), args, shared_mem=shared_bytes)
+        handle = self._handles.get(kernel, self)
+        if handle is self:
+            handle = self._handles[kernel] = self.driver_handle(kernel)
+        if handle is None:
+            kernel((grid,), (block,), args, shared_mem=shared_bytes)
+            return
+        cupy = self._cupy
+        ndarray = cupy.ndarray
+        values = [a.data.ptr if isinstance(a, ndarray) else a for a in args]
+        driver_launch(handle, grid, block, shared_bytes, cupy.cuda.get_current_stream().ptr,
+                      values)
 
     def table(self, values: np.ndarray):
         """Device copy of a small constant table, cached by content.
