@@ -53,9 +53,9 @@ def _device_id(arr):
 
 
 def _check_same_device(name: str, arr, want) -> None:
-    """CuPy arrays only: ``arr`` must live on GPU ``want``, x's (the kernels read raw pointers).
+    """CuPy arrays only: ``arr`` must live on x's GPU (the kernels read raw pointers).
 
-    ``want`` is ``_device_id(x)``, found once per call.
+    ``want`` is ``_device_id(x)``, looked up once per call by the caller.
     """
     found = _device_id(arr)
     if want is not None and found is not None and int(want) != int(found):

@@ -23,7 +23,7 @@ Two kernels are generated:
     channel into one partial (so the partials take ``C * ceil(B / rb) / M *
     ntaps`` floats instead of ``B * C * ntaps``, ``M`` units per partial).
 ``wtconv_finalize``
-    One block per channel: sums the channel's unit partials in a fixed order
+    One block per channel: sums the channel's partials in a fixed order
     (deterministic) and unfolds them into the gradients of the published
     parameters.
 """
