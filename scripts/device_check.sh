@@ -20,6 +20,8 @@
 #   ddp        benchmarks/ddp_check.py: DDP over every GPU vs one process (~1 min)
 #   hostprofile  benchmarks/host_profile.py: host cost of the torch training path,
 #              piece by piece, and a cProfile of it                 (~1 min)
+#   cupyhost   benchmarks/cupy_host_profile.py: the same for the CuPy path's
+#              training step (forward with a Tape, Tape.backward)  (~1 min)
 #   torchstep  the PyTorch module path in one short call: its GPU tests, its host
 #              cost against the functional path, the ConvNeXt-T stage benchmark,
 #              WTConvNeXt-T bf16 eager                              (~5 min cold)
@@ -165,6 +167,15 @@ run_hostprofile() {
   return $rc
 }
 
+run_cupyhost() {
+  echo "== host cost of the CuPy path's training step (benchmarks/cupy_host_profile.py)"
+  (cd benchmarks && timeout 120 python3 cupy_host_profile.py --calls 1000) \
+    >"$OUT/cupy_host_profile.txt" 2>&1
+  local rc=$?
+  head -n 19 "$OUT/cupy_host_profile.txt"
+  return $rc
+}
+
 run_kernelbench() {
   echo "== kernel benchmark"
   timeout 300 python3 benchmarks/kernel_bench.py --json "$OUT/kernel_bench.json" 2>&1 \
@@ -225,7 +236,7 @@ run_sanitizer() {
 
 for phase in "${phases[@]}"; do
   case "$phase" in
-    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|torchstep|stepprofile)
+    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|torchstep|stepprofile)
       "run_$phase" || status=1 ;;
     *) echo "unknown phase: $phase"; status=2 ;;
   esac
