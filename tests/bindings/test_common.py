@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from wtconv_cuda.bindings import _common
-from wtconv_cuda.kernels.launch import Problem, Weights, plan_plane, run_backward, run_forward
+from wtconv_cuda.kernels.launch import (
+    Problem, Tuning, Weights, plan_plane, run_backward, run_forward,
+)
 
 
 def shapes(c=3, k=5, levels=2, bias=True):
@@ -137,15 +139,29 @@ def test_launcher_passes_pointers_stream_and_keeps_buffers(shared_limit):
     dx = np.uint64(0x80)
     grads = Weights(*pointers(0x31, 0x41, 0x51, 0x61, 0x71))
     launcher = new()
-    run_backward(launcher, problem, x, np.uint64(0x90), dx, weights, grads)
+    two_launches = Tuning(fuse_finalize=False)
+    run_backward(launcher, problem, x, np.uint64(0x90), dx, weights, grads, two_launches)
     plane, finalize = backend.log
     assert plane["stream"] is finalize["stream"]
     assert plane["args"][:3] == (np.uint64(0x90), dx, x)
     partial = plane["args"][8]
     assert finalize["args"][0] == partial and finalize["args"][6:11] == tuple(grads)
     assert launcher.keep and launcher.keep[0][1] == \
-        plan_plane(problem, True, shared_limit, backend.max_slots).partial_floats
+        plan_plane(problem, True, shared_limit, backend.max_slots, two_launches).partial_floats
     assert len(tables) == 3  # backward geometry and the finalize dimensions
+
+    # The default backward of this problem fuses the finalize: one launch, the gradient
+    # pointers after geo, no partials.
+    backend.log.clear()
+    launcher = new()
+    plan = plan_plane(problem, True, shared_limit, backend.max_slots)
+    assert plan.spec.fused_finalize
+    run_backward(launcher, problem, x, np.uint64(0x90), dx, weights, grads)
+    (plane,) = backend.log
+    assert plane["args"][:3] == (np.uint64(0x90), dx, x)
+    assert plane["args"][11:16] == tuple(grads)
+    assert plane["args"][16:] == plan.header
+    assert len(launcher.keep) == (1 if plan.scratch_floats else 0)
 
 
 def test_device_kernels_table_is_created_once_per_value():
@@ -259,7 +275,6 @@ def test_launcher_uses_the_driver_handle_when_the_backend_has_one(monkeypatch):
 def test_planner_keeps_sub_warp_groups_in_whole_warps():
     """16-thread planes default to 16 per block with warp barriers; a shared-memory limit
     that fits one plane but not a warp's two sends them to the scratch path."""
-    from wtconv_cuda.kernels.launch import Tuning
     from wtconv_cuda.kernels.layout import plane_layout
 
     problem = Problem(4, 8, 7, 7, 5, 2, 1, "float32", True)
@@ -289,7 +304,6 @@ def test_default_threads_per_plane(hw, forward_threads, backward_threads):
 
 def test_planner_gives_block_barriers_to_a_part_filled_warp():
     """One 16-thread plane per block (an explicit group) cannot use warp barriers."""
-    from wtconv_cuda.kernels.launch import Tuning
 
     problem = Problem(1, 1, 1, 1, 1, 0, 1, "float16", False)
     spec = plan_plane(problem, False, 227 * 1024, 2, Tuning(planes_per_block=1)).spec
@@ -308,7 +322,10 @@ def test_backward_partials_at_convnext_stages(hw, levels, storage, itemsize):
     problem = Problem(64, c, *hw, 5, levels, 1, storage, True)
     plan = plan_plane(problem, True, 227 * 1024, 264)
     x_bytes = 64 * c * hw[0] * hw[1] * itemsize
+    assert plan.grid >= 264
+    if plan.spec.fused_finalize:  # blocks hold whole channels: no partials at all
+        assert plan.partial_floats == 0 and plan.finalize_dims is None
+        return
     per_channel = plan.partial_floats // (c * plan.ntaps)
     assert plan.partial_floats * 4 <= PARTIAL_FRACTION * x_bytes or per_channel == 1
-    assert plan.grid >= 264
     assert tuple(plan.finalize_dims) == (64, c, levels, 1, per_channel)

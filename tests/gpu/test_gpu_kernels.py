@@ -138,6 +138,7 @@ def run_case(shape, levels, k, stride, storage, bias=True, seed=0, tuning=Tuning
     # Inputs untouched.
     for before, after in zip(inputs_before, (x_dev, dy_dev, *dev)):
         assert bool(cupy.array_equal(before, after))
+    return dx_dev, grads
 
 
 CASES = [(s, L, k, st) for s in SHAPES for L in LEVELS for k in KERNEL_SIZES for st in STRIDES]
@@ -162,6 +163,29 @@ BATCH_CHUNK_CASES = [case for case in BATCH_CHUNK_CASES if case[2] in KERNEL_SIZ
 @pytest.mark.parametrize("shape,levels,k,stride,batch_chunk", BATCH_CHUNK_CASES)
 def test_batch_chunked_backward(shape, levels, k, stride, batch_chunk, storage):
     run_case(shape, levels, k, stride, storage, tuning=Tuning(batch_chunk=batch_chunk))
+
+
+#: Backwards whose blocks hold whole channels (the planner fuses the finalize):
+#: 7x7 planes, 16 groups of 16 threads holding one channel's 16 units, 32-thread
+#: 14x14 planes (4 channels a block), stride 2, and a global-scratch plane (B = 1).
+FUSED_CASES = [((16, 16, 7, 7), 2, 5, 1), ((2, 7, 14, 14), 3, 5, 1),
+               ((2, 3, 17, 23), 4, 3, 2), ((1, 4, 255, 257), 3, 3, 1)]
+FUSED_CASES = [case for case in FUSED_CASES if case[2] in KERNEL_SIZES]
+
+
+@pytest.mark.parametrize("storage", list(DTYPES))
+@pytest.mark.parametrize("shape,levels,k,stride", FUSED_CASES)
+def test_fused_finalize_matches_two_launches(shape, levels, k, stride, storage):
+    """The fused backward passes the oracle and gives the bits of partials + finalize."""
+    kernels = backend()
+    problem = Problem(*shape, k, levels, stride, storage, True)
+    assert plan_plane(problem, True, kernels.shared_limit, kernels.max_slots).spec.fused_finalize
+    fused = run_case(shape, levels, k, stride, storage)
+    two_launches = run_case(shape, levels, k, stride, storage, tuning=Tuning(fuse_finalize=False))
+    (dx_a, grads_a), (dx_b, grads_b) = fused, two_launches
+    assert bool(cupy.array_equal(dx_a, dx_b))
+    for a, b in zip(grads_a, grads_b):
+        assert bool(cupy.array_equal(a, b))
 
 
 #: Two 16-thread planes per warp (warp barriers shared by both), 16 planes per

@@ -29,6 +29,10 @@ SPECS = textwrap.dedent("""
               for (threads, strip, group, sync) in ((128, 4, 2, False), (32, 1, 8, False),
                                                     (16, 1, 16, True))]
     specs += [FinalizeSpec(k, storage) for k in (1, 3, 5, 7) for storage in STORAGE]
+    # Backward blocks that write the gradients themselves (fused finalize).
+    specs += [PlaneSpec(5, storage, 1, 1, True, scratch, threads, 1, 128, group, sync, True)
+              for storage in STORAGE for scratch in (False, True)
+              for (threads, group, sync) in ((16, 16, True), (128, 1, False))]
 """)
 
 

@@ -89,12 +89,13 @@ def test_without_bias(rng):
 @pytest.mark.parametrize("stride,group", [(1, None), (3, None), (1, 3)])
 def test_global_scratch_path(rng, stride, group):
     """Planes too large for shared memory use persistent blocks over global scratch; with
-    3 planes per block, one block loops twice and adds each channel's 3 units into one
-    partial from three scratch slots."""
+    3 planes per block, one block loops twice and adds each channel's 3 units from three
+    scratch slots into its gradients."""
     tuning = Tuning(planes_per_block=group)
     if group:
         plan = plan_plane(Problem(3, 2, 7, 9, 3, 2, stride, "float32", True), True, 0, 2, tuning)
         assert (plan.grid, plan.units_per_partial, plan.spec.scratch) == (1, 3, True)
+        assert plan.spec.fused_finalize  # the block's 3 units are its channel's 3
     errors = run_layer(rng, (3, 2, 7, 9), 2, 3, stride, shared_limit=0, tuning=tuning)
     assert_close(errors, DTYPES["float32"][1])
 
@@ -123,13 +124,48 @@ def test_batch_chunked_weight_gradients(rng, threads, batch_chunk, group, units_
     16-thread planes 16 (two per warp), 64-thread planes 2 (block barriers), and some groups
     are past the last unit. A block adds runs of gcd(groups, units per channel) units into
     one partial: runs of 2, of 1, and (5 groups of 5 one-plane units) of 5."""
-    tuning = Tuning(threads=threads, batch_chunk=batch_chunk, planes_per_block=group)
+    tuning = Tuning(threads=threads, batch_chunk=batch_chunk, planes_per_block=group,
+                    fuse_finalize=False)
     problem = Problem(5, 3, 7, 9, 3, 2, 1, "float32", True)
     plan = plan_plane(problem, True, 227 * 1024, 2, tuning)
     assert plan.batch_chunk == batch_chunk and plan.units == 3 * -(-5 // batch_chunk)
-    assert plan.units_per_partial == units_per_partial
+    assert plan.units_per_partial == units_per_partial and not plan.spec.fused_finalize
     assert plan.partial_floats == plan.units // units_per_partial * plan.ntaps
     assert_close(run_layer(rng, (5, 3, 7, 9), 2, 3, 1, tuning=tuning), DTYPES["float32"][1])
+
+
+@pytest.mark.parametrize("threads,batch_chunk,group,shared_limit,fused", [
+    (32, 3, None, 227 * 1024, True),   # 2 units per channel, 8 groups: 4 channels a block
+    (16, 5, None, 227 * 1024, True),   # 1 unit per channel, 16 groups, 3 of them valid
+    (32, 1, 5, 227 * 1024, True),      # 5 one-plane units per channel, 5 groups
+    (32, 2, None, 227 * 1024, False),  # 3 units per channel do not divide 8 groups
+    (32, None, 5, 0, True),            # global scratch: 5 slots, one channel a pass
+])
+def test_fused_finalize_matches_two_launches(rng, threads, batch_chunk, group, shared_limit,
+                                             fused):
+    """A block that holds all of its channels' units writes their gradients itself, bit for
+    bit what the partials and wtconv_finalize give; the planner fuses exactly then."""
+    shape, levels, k = (5, 3, 7, 9), 2, 3
+    problem = Problem(*shape, k, levels, 1, "float32", True)
+    x = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    weights = Weights(*random_weights(rng, shape[1], k, levels, dtype=np.float32))
+    backend = SimulatorBackend(shared_limit=shared_limit, max_slots=5)
+    results = {}
+    for fuse in (None, False):
+        tuning = Tuning(threads=threads, batch_chunk=batch_chunk, planes_per_block=group,
+                        fuse_finalize=fuse)
+        plan = plan_plane(problem, True, shared_limit, 5, tuning)
+        assert plan.spec.fused_finalize == (fused and fuse is None)
+        assert (plan.partial_floats == 0) == plan.spec.fused_finalize
+        assert (plan.finalize_dims is None) == plan.spec.fused_finalize
+        dx = np.full(shape, np.nan, np.float32)
+        grads = Weights(*(np.full(a.shape, np.nan, np.float32) for a in weights))
+        run_backward(backend, problem, x, dy, dx, weights, grads, tuning)
+        results[fuse] = (dx, *grads)
+    for fused_array, two_launch_array in zip(results[None], results[False]):
+        assert np.isfinite(fused_array).all()
+        np.testing.assert_array_equal(fused_array, two_launch_array)
 
 
 class _RecordingBackend(SimulatorBackend):

@@ -22,6 +22,8 @@ Two kernels are generated:
     gradients on chip; the block then adds the sums of its units of one
     channel into one partial (so the partials take ``C * ceil(B / rb) / M *
     ntaps`` floats instead of ``B * C * ntaps``, ``M`` units per partial).
+    When ``M`` is all of a channel's units the block writes the channel's
+    gradients itself (``fused_finalize``) and no partials are needed.
 ``wtconv_finalize``
     One block per channel: sums the channel's partials in a fixed order
     (deterministic) and unfolds them into the gradients of the published
@@ -69,6 +71,12 @@ class PlaneSpec(NamedTuple):
         run independently. Groups that share a warp pass the same barriers
         (their control flow differs only inside work loops), and a block
         holds whole warps.
+    fused_finalize : bool
+        Backward only: a block holds every work unit of each of its channels
+        (the units per channel divide ``planes_per_block``), so it writes the
+        channel's parameter gradients itself, exactly as ``wtconv_finalize``
+        would, instead of a partial; the kernel takes the five gradient
+        arrays after ``geo`` and no finalize launch follows.
     """
 
     kernel_size: int
@@ -82,6 +90,7 @@ class PlaneSpec(NamedTuple):
     max_registers: int = 0
     planes_per_block: int = 1
     warp_sync: bool = False
+    fused_finalize: bool = False
 
 
 class FinalizeSpec(NamedTuple):
@@ -284,9 +293,12 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
         raise ValueError("warp_sync needs thread groups that tile whole warps (threads "
                          f"dividing 32, threads * planes_per_block a multiple of 32), got "
                          f"threads={T}, planes_per_block={G}")
+    if spec.fused_finalize and not spec.backward:
+        raise ValueError("fused_finalize needs a backward variant")
     e = _Emitter()
 
-    e("def wtconv_plane(src, out, xsrc, w0, b0, s0, ww, ws, part, scratch, geo, "
+    grads = "gw0, gb0, gs0, gww, gws, " if spec.fused_finalize else ""
+    e("def wtconv_plane(src, out, xsrc, w0, b0, s0, ww, ws, part, scratch, geo, " + grads
       + ", ".join(HEADER_FIELDS) + "):")
     with e.indent():
         e("# A block runs G planes side by side, one group of T threads (and one",
@@ -328,16 +340,21 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
               "# and written once. A group past the last unit recomputes the last one,",
               "# and a plane past the batch recomputes the last plane; neither stores.",
               "nchunks = (B + bchunk - 1) // bchunk",
-              "nunits = C * nchunks",
-              f"# upart = gcd({G}, nchunks): units summed into one partial (see",
-              "# units_per_partial in launch.py)",
-              f"upart = int64({G})",
-              "rest = nchunks",
-              "while rest != 0:",
-              "    tmp = upart % rest",
-              "    upart = rest",
-              "    rest = tmp",
-              f"sb0 = sb - grp * {_geo('slot')}",
+              "nunits = C * nchunks")
+            if spec.fused_finalize:
+                e("# A block holds whole channels (the planner checked that nchunks",
+                  f"# divides {G}): a run of nchunks units is one channel.",
+                  "upart = nchunks")
+            else:
+                e(f"# upart = gcd({G}, nchunks): units summed into one partial (see",
+                  "# units_per_partial in launch.py)",
+                  f"upart = int64({G})",
+                  "rest = nchunks",
+                  "while rest != 0:",
+                  "    tmp = upart % rest",
+                  "    upart = rest",
+                  "    rest = tmp")
+            e(f"sb0 = sb - grp * {_geo('slot')}",
               "while first < nunits:")
             with e.indent():
                 e("# (few values stay live across the planes: registers are tight)",
@@ -355,7 +372,10 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
                       "cuda.syncthreads()")
                     _emit_plane_pass(e, spec)
                     _emit_weight_gradients(e, spec)
-                _emit_block_partials(e, spec)
+                if spec.fused_finalize:
+                    _emit_block_finalize(e, spec)
+                else:
+                    _emit_block_partials(e, spec)
                 e(f"first += cuda.gridDim.x * {G}")
     text = e.text()
     if spec.warp_sync:  # every other barrier only orders one group's own slot
@@ -391,6 +411,90 @@ def _emit_block_partials(e: _Emitter, spec: PlaneSpec) -> None:
               f"    tot += S[sb0 + (run * upart + g) * {_geo('slot')} + w_off + i]",
               "part[(u0 // upart) * ntaps + i] = tot")
     e(_BLOCK_BARRIER)
+
+
+def _emit_block_finalize(e: _Emitter, spec: PlaneSpec) -> None:
+    """Backward, ``fused_finalize``: the block's channels' gradients, written directly.
+
+    Each run of ``upart`` (= ``nchunks``) units is a whole channel. First its
+    unit sums are added in group order into the run's first slot, the level
+    taps times the two Haar factors 1/2, exactly as ``_emit_block_partials``
+    and ``wtconv_finalize`` would add them (so both paths give the same
+    bits); then, after a block barrier, those channel sums are unfolded into
+    the gradients of the published parameters (:func:`_emit_gradient_unfold`).
+    The last barrier keeps the sums until every thread has read them.
+    """
+    T, G, K2 = spec.threads, spec.planes_per_block, spec.kernel_size ** 2
+    block_threads = T * G
+    e(_BLOCK_BARRIER,
+      f"for idx in range(cuda.threadIdx.x, ({G} // upart) * ntaps, {block_threads}):")
+    with e.indent():
+        e("run = idx // ntaps", "i = idx - run * ntaps",
+          "if first + run * upart < nunits:")
+        with e.indent():
+            e("tot = fz", "for g in range(upart):",
+              f"    tot += S[sb0 + (run * upart + g) * {_geo('slot')} + w_off + i]",
+              f"if i > {K2}:", "    tot = tot * float32(0.25)",
+              f"S[sb0 + run * upart * {_geo('slot')} + w_off + i] = tot")
+    e(_BLOCK_BARRIER)
+    _emit_gradient_unfold(
+        e, spec.kernel_size, spec.storage, "cuda.threadIdx.x", block_threads, f"{G} // upart",
+        run_channel="(first + run * upart) // upart",
+        run_valid="first + run * upart < nunits",
+        gsum=lambda t: f"S[sb0 + run * upart * {_geo('slot')} + w_off + {t}]")
+    e(_BLOCK_BARRIER)
+
+
+def _emit_gradient_unfold(e: _Emitter, K: int, storage: str, start: str, step: int, runs: str,
+                          run_channel: str, run_valid: str, gsum) -> None:
+    """Unfold channel sums into the published parameters' gradients.
+
+    For each of ``runs`` runs (channels), ``gsum(t)`` is the float32 sum of
+    tap ``t`` (``ntaps`` of them: base taps, bias, level taps with the Haar
+    factors applied) of channel ``run_channel``; ``run_valid`` says whether the
+    run exists. Writes ``s0 * G`` for the base taps and bias, ``ws * G`` for
+    the level taps, and the scale gradients ``sum(w * G)`` (plus ``b0 *
+    G_bias`` for ``s0``), each rounded once to the storage dtype. Work is
+    dealt out as ``range(start, ..., step)`` over (run, tap) and then (run,
+    scale) pairs. Shared by ``wtconv_finalize`` and the fused backward.
+    """
+    K2 = K * K
+    ld = lambda x: _load(storage, x)  # noqa: E731
+    e(f"for idx in range({start}, ({runs}) * ntaps, {step}):")
+    with e.indent():
+        e("run = idx // ntaps", "t = idx - run * ntaps", f"if {run_valid}:")
+        with e.indent():
+            e(f"c = {run_channel}", "s0c = " + ld("s0[c]"), f"if t < {K2}:")
+            with e.indent():
+                _store(e, storage, f"gw0[c * {K2} + t]", f"s0c * {gsum('t')}")
+            e(f"elif t == {K2}:")
+            with e.indent():
+                e("if has_bias != 0:")
+                with e.indent():
+                    _store(e, storage, "gb0[c]", f"s0c * {gsum('t')}")
+            e("else:")
+            with e.indent():
+                e(f"r = t - {K2 + 1}", f"j = r // {4 * K2}", f"rem = r - j * {4 * K2}",
+                  f"k = rem // {K2}", f"tt = rem - k * {K2}", "widx = (j * C + c) * 4 + k")
+                _store(e, storage, f"gww[widx * {K2} + tt]", ld("ws[widx]") + f" * {gsum('t')}")
+    e("nscales = 1 + 4 * L",
+      f"for idx in range({start}, ({runs}) * nscales, {step}):")
+    with e.indent():
+        e("run = idx // nscales", "u = idx - run * nscales", f"if {run_valid}:")
+        with e.indent():
+            e(f"c = {run_channel}", "acc = fz", "if u == 0:")
+            with e.indent():
+                e(f"for t in range({K2}):",
+                  f"    acc += {ld(f'w0[c * {K2} + t]')} * {gsum('t')}",
+                  "if has_bias != 0:",
+                  f"    acc += {ld('b0[c]')} * {gsum(str(K2))}")
+                _store(e, storage, "gs0[c]", "acc")
+            e("else:")
+            with e.indent():
+                e("r = u - 1", "j = r // 4", "k = r - j * 4", "widx = (j * C + c) * 4 + k",
+                  f"for t in range({K2}):",
+                  f"    acc += {ld(f'ww[widx * {K2} + t]')} * {gsum(f'{K2 + 1} + r * {K2} + t')}")
+                _store(e, storage, "gws[widx]", "acc")
 
 
 def _emit_plane_pass(e: _Emitter, spec: PlaneSpec) -> None:
@@ -907,7 +1011,6 @@ def finalize_kernel_source(spec: FinalizeSpec) -> str:
     """
     K, T = spec.kernel_size, spec.threads
     K2 = K * K
-    ld = lambda x: _load(spec.storage, x)  # noqa: E731
     e = _Emitter()
     e("def wtconv_finalize(part, w0, b0, s0, ww, ws, gw0, gb0, gs0, gww, gws, dims):")
     with e.indent():
@@ -920,38 +1023,9 @@ def finalize_kernel_source(spec: FinalizeSpec) -> str:
             e("tot = fz", "for u in range(nchunks):",
               "    tot += part[(c * nchunks + u) * ntaps + t]",
               f"if t > {K2}:", "    tot = tot * float32(0.25)", "G[t] = tot")
-        e("cuda.syncthreads()",
-          "s0c = " + ld("s0[c]"),
-          f"for t in range(tid, ntaps, {T}):")
-        with e.indent():
-            e(f"if t < {K2}:")
-            with e.indent():
-                _store(e, spec.storage, f"gw0[c * {K2} + t]", "s0c * G[t]")
-            e(f"elif t == {K2}:")
-            with e.indent():
-                e("if has_bias != 0:")
-                with e.indent():
-                    _store(e, spec.storage, "gb0[c]", "s0c * G[t]")
-            e("else:")
-            with e.indent():
-                e(f"r = t - {K2 + 1}", f"j = r // {4 * K2}", f"rem = r - j * {4 * K2}",
-                  f"k = rem // {K2}", f"tt = rem - k * {K2}", "widx = (j * C + c) * 4 + k")
-                _store(e, spec.storage, f"gww[widx * {K2} + tt]", ld("ws[widx]") + " * G[t]")
-        e(f"for u in range(tid, 1 + 4 * L, {T}):")
-        with e.indent():
-            e("acc = fz", "if u == 0:")
-            with e.indent():
-                e(f"for t in range({K2}):",
-                  f"    acc += {ld(f'w0[c * {K2} + t]')} * G[t]",
-                  "if has_bias != 0:",
-                  f"    acc += {ld('b0[c]')} * G[{K2}]")
-                _store(e, spec.storage, "gs0[c]", "acc")
-            e("else:")
-            with e.indent():
-                e("r = u - 1", "j = r // 4", "k = r - j * 4", "widx = (j * C + c) * 4 + k",
-                  f"for t in range({K2}):",
-                  f"    acc += {ld(f'ww[widx * {K2} + t]')} * G[{K2 + 1} + r * {K2} + t]")
-                _store(e, spec.storage, "gws[widx]", "acc")
+        e("cuda.syncthreads()")
+        _emit_gradient_unfold(e, K, spec.storage, "tid", T, "1", run_channel="c",
+                              run_valid="True", gsum=lambda t: f"G[{t}]")
     return e.text()
 
 

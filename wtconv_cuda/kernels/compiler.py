@@ -68,20 +68,24 @@ def _storage_type(storage: str):
             "bfloat16": types.uint16}[storage]
 
 
-def plane_signature(storage: str) -> tuple:
+def plane_signature(storage: str, fused_finalize: bool = False) -> tuple:
     """Argument types of ``wtconv_plane``: raw pointers, then the header scalars.
 
     Parameters
     ----------
     storage : str
         ``"float32"``, ``"float16"`` or ``"bfloat16"`` (passed as ``uint16``).
+    fused_finalize : bool, default False
+        A backward variant that writes the parameter gradients itself
+        (:class:`~wtconv_cuda.kernels.codegen.PlaneSpec`): five more pointers
+        to the storage type, ``gw0, gb0, gs0, gww, gws``, after ``geo``.
 
     Returns
     -------
     tuple of numba types
         Pointers to the storage type for ``src, out, xsrc, w0, b0, s0, ww,
-        ws``, to float32 for ``part, scratch`` and to int64 for ``geo``, then
-        one int64 per header field
+        ws``, to float32 for ``part, scratch`` and to int64 for ``geo``, the
+        gradient pointers of a fused variant, then one int64 per header field
         (:data:`wtconv_cuda.kernels.layout.HEADER_FIELDS`).
 
     Raises
@@ -95,7 +99,9 @@ def plane_signature(storage: str) -> tuple:
     i64 = types.CPointer(types.int64)
     from .layout import HEADER_FIELDS
     #       src out xsrc w0  b0  s0  ww  ws  part scratch geo
-    return (st, st, st, st, st, st, st, st, f32, f32, i64) + (types.int64,) * len(HEADER_FIELDS)
+    grads = (st,) * 5 if fused_finalize else ()
+    return ((st, st, st, st, st, st, st, st, f32, f32, i64) + grads
+            + (types.int64,) * len(HEADER_FIELDS))
 
 
 def finalize_signature(storage: str) -> tuple:
@@ -126,7 +132,8 @@ def finalize_signature(storage: str) -> tuple:
 
 def _source_for(spec) -> tuple[str, str, tuple]:
     if isinstance(spec, codegen.PlaneSpec):
-        return codegen.plane_kernel_source(spec), "wtconv_plane", plane_signature(spec.storage)
+        source = codegen.plane_kernel_source(spec)  # validates the spec first
+        return source, "wtconv_plane", plane_signature(spec.storage, spec.fused_finalize)
     if isinstance(spec, codegen.FinalizeSpec):
         return codegen.finalize_kernel_source(spec), "wtconv_finalize", finalize_signature(spec.storage)
     raise TypeError(f"unknown kernel spec {spec!r}")

@@ -116,6 +116,11 @@ class Tuning(NamedTuple):
     batch_chunk : int or None
         Backward: batch entries per work unit (default :func:`batch_chunk`;
         clipped to ``B``; 1 for the global-scratch variant).
+    fuse_finalize : bool or None
+        Backward: let a block that holds all of its channels' work units
+        write their gradients itself (``PlaneSpec.fused_finalize``; one launch,
+        no partials). The default (None or True) fuses whenever the plan
+        allows it; False always writes partials and runs ``wtconv_finalize``.
     """
 
     threads: int | None = None
@@ -124,6 +129,7 @@ class Tuning(NamedTuple):
     planes_per_block: int | None = None
     warp_sync: bool | None = None
     batch_chunk: int | None = None
+    fuse_finalize: bool | None = None
 
 
 #: Bytes per element of each storage dtype.
@@ -295,10 +301,13 @@ class Launch(NamedTuple):
         Backward: work units, ``C * ceil(B / batch_chunk)``; 0 forward.
     units_per_partial : int
         Backward: units whose sums make one ``ntaps``-float weight-gradient
-        partial (:func:`units_per_partial`); 1 forward.
+        partial (:func:`units_per_partial`); 1 forward. With
+        ``spec.fused_finalize`` these are all of a channel's units, and
+        they make its gradients instead.
     finalize_dims : numpy.ndarray or None
-        Backward: the finalize kernel's read-only ``dims`` table ``(B, C, L,
-        has_bias, partials per channel)``; None forward.
+        Backward without ``spec.fused_finalize``: the finalize kernel's
+        read-only ``dims`` table ``(B, C, L, has_bias, partials per
+        channel)``; None otherwise.
     """
 
     spec: PlaneSpec
@@ -316,7 +325,9 @@ class Launch(NamedTuple):
 
     @property
     def partial_floats(self) -> int:
-        """float32 elements of the backward's weight-gradient partials."""
+        """float32 elements of the backward's weight-gradient partials (0 when fused)."""
+        if self.spec.fused_finalize:
+            return 0
         return self.units // self.units_per_partial * self.ntaps
 
 
@@ -333,7 +344,10 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
     warp stay whole warps; if those do not fit, the scratch path is taken);
     the grid covers every plane. Otherwise the slots are in global scratch
     and the grid is at most ``max_slots // planes_per_block`` persistent blocks (at least
-    one), which loop over the planes. Plans are cached (``lru_cache``).
+    one), which loop over the planes. A backward plan whose blocks hold
+    every work unit of their channels (the units per channel divide the
+    planes per block) gets the ``fused_finalize`` variant unless
+    ``tuning.fuse_finalize`` is False. Plans are cached (``lru_cache``).
 
     Parameters
     ----------
@@ -389,9 +403,12 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
             rb = batch_chunk(p, layout.ntaps, group, max_slots)
         nchunks = -(-p.batch // rb)
         units, upart = p.channels * nchunks, units_per_partial(group, nchunks)
-        dims = np.array([p.batch, p.channels, p.levels, int(p.has_bias), nchunks // upart],
-                        dtype=np.int64)
-        dims.setflags(write=False)
+        if upart == nchunks and tuning.fuse_finalize is not False:
+            spec = spec._replace(fused_finalize=True)  # blocks hold whole channels
+        else:
+            dims = np.array([p.batch, p.channels, p.levels, int(p.has_bias), nchunks // upart],
+                            dtype=np.int64)
+            dims.setflags(write=False)
     geo = with_problem(layout, p.channels, planes, p.has_bias, rb)
     geo.setflags(write=False)  # shared by every call through the plan cache
     header = tuple(np.int64(v) for v in geo[:len(HEADER_FIELDS)])
@@ -650,11 +667,12 @@ def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots:
     -------
     tuple of int
         Element counts: ``(units * ntaps, [scratch])`` backward (see
-        :attr:`Launch.partial_floats`),
+        :attr:`Launch.partial_floats`; no partials when the plan fuses the
+        finalize),
         ``([scratch])`` forward (an empty tuple when no scratch is needed).
     """
     launch = plan_plane(problem, backward, shared_limit, max_slots, tuning)
-    sizes = [launch.partial_floats] if backward else []
+    sizes = [launch.partial_floats] if backward and not launch.spec.fused_finalize else []
     if launch.scratch_floats:
         sizes.append(launch.scratch_floats)
     return tuple(sizes)
@@ -697,6 +715,10 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
                  tuning: Tuning = Tuning()) -> None:
     """Launch the fused backward: ``dx`` and every parameter gradient.
 
+    Two launches (plane kernel, then ``wtconv_finalize`` over the partials),
+    or one when a block holds all of its channels' work units
+    (``PlaneSpec.fused_finalize``, see :func:`plan_plane`).
+
     Parameters
     ----------
     backend : CupyBackend or SimulatorBackend
@@ -728,10 +750,14 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
     """
     launch = plan_plane(problem, True, backend.shared_limit, backend.max_slots, tuning)
     geo = backend.table(launch.geo)
-    partial = backend.float32(launch.partial_floats)
+    fused = launch.spec.fused_finalize  # the plane kernel writes the gradients itself
+    partial = geo if fused else backend.float32(launch.partial_floats)
     scratch = backend.float32(launch.scratch_floats) if launch.scratch_floats else geo
-    args = (dy, dx, x, *weights, partial, scratch, geo, *launch.header)
+    args = (dy, dx, x, *weights, partial, scratch, geo, *(grads if fused else ()),
+            *launch.header)
     backend.call(backend.kernel(launch.spec), launch.grid, launch.block, args, launch.shared_bytes)
+    if fused:
+        return
 
     dims = backend.table(launch.finalize_dims)
     finalize = backend.kernel(FinalizeSpec(problem.kernel_size, problem.storage, FINALIZE_THREADS))

@@ -31,7 +31,10 @@ def variants(kernel_sizes, storages, strides, plane_sizes, levels=range(7),
     """Every kernel spec the planner picks for these options (forward and backward).
 
     The planner's choice does not depend on the batch size or channel count,
-    so one problem per combination of the options covers them all.
+    except for whether a backward block writes the gradients itself
+    (``PlaneSpec.fused_finalize``), so one problem per combination of the
+    options, plus the other finalize choice of each backward spec, covers
+    them all.
 
     Parameters
     ----------
@@ -61,7 +64,10 @@ def variants(kernel_sizes, storages, strides, plane_sizes, levels=range(7),
             kernel_sizes, storages, strides, plane_sizes, levels, tunings):
         problem = Problem(1, 1, h, w, k, lv, stride, storage, True)
         for backward in (False, True):
-            specs.append(plan_plane(problem, backward, shared_limit, DEFAULT_SLOTS, tuning).spec)
+            spec = plan_plane(problem, backward, shared_limit, DEFAULT_SLOTS, tuning).spec
+            specs.append(spec)
+            if backward:  # whether the finalize fuses depends on B: warm both variants
+                specs.append(spec._replace(fused_finalize=not spec.fused_finalize))
     for k, storage in itertools.product(kernel_sizes, storages):
         specs.append(FinalizeSpec(k, storage, FINALIZE_THREADS))
     return list(dict.fromkeys(specs))
