@@ -82,9 +82,11 @@ def main():
                                      args.warp_sync)]
         tunings = [t for t in tunings if not (t.warp_sync and 32 % t.threads)]
     specs = set()
-    for (b, c, h, w, lv), tuning, backward in itertools.product(shapes, tunings, (False, True)):
+    for (b, c, h, w, lv), tuning, chunk in itertools.product(shapes, tunings, args.chunks):
         problem = Problem(b, c, h, w, k, lv, 1, args.storage, True)
-        specs.add(plan_plane(problem, backward, backend.shared_limit, backend.max_slots, tuning).spec)
+        for backward, t in ((False, tuning), (True, tuning._replace(batch_chunk=chunk or None))):
+            specs.add(plan_plane(problem, backward, backend.shared_limit, backend.max_slots,
+                                 t).spec)
     compile_all(sorted(specs, key=repr), (9, 0), 16)
     rows = []
     rng = np.random.default_rng(0)

@@ -28,7 +28,8 @@
 #   stepprofile  benchmarks/step_profile.py, bf16 and fp32: where a WTConvNeXt-T
 #              step's time goes (host issue, GPU busy, kernels by kind) (~4 min)
 #
-# Knobs: TEST_KS (kernel sizes of the sweep, default 3,5,7,9), REPORT=1 (load
+# Knobs: TEST_KS (kernel sizes of the sweep, default 3,5,7,9), BENCH_ARGS (extra
+# options of the bench, e.g. "--shapes convnext"), REPORT=1 (load
 # every compiled variant and record registers and local memory: ~1 s a kernel).
 # Logs and JSON land in $OUT (the device tool's output folder) or ./device_out.
 # Wheels the image lacks can be carried in .whl/ (see the device README); the
@@ -184,7 +185,8 @@ run_kernelbench() {
 
 run_bench() {
   echo "== python -m wtconv_cuda.bench"
-  python3 -m wtconv_cuda.bench --out "$OUT" >"$OUT/bench.log" 2>&1
+  # shellcheck disable=SC2086  # BENCH_ARGS is a list of options
+  python3 -m wtconv_cuda.bench --out "$OUT" ${BENCH_ARGS:-} >"$OUT/bench.log" 2>&1
   local rc=$?
   tail -n 40 "$OUT/bench.log"
   return $rc
