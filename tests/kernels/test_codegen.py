@@ -16,6 +16,10 @@ PLANE_SPECS = [
     in itertools.product((1, 3, 5), ("float32", "bfloat16"), ((1, 1), (2, 1), (1, 2), (1, 3)),
                          (False, True), (False, True),
                          ((16, 1, 16), (32, 1, 8), (64, 2, 2), (128, 4, 1)))
+] + [  # backwards that write the gradients themselves
+    PlaneSpec(k, storage, 1, 1, True, scratch, threads, 1, 0, group, threads <= 32, True)
+    for k, storage, scratch, (threads, group)
+    in itertools.product((1, 5), ("float32", "bfloat16"), (False, True), ((16, 16), (128, 1)))
 ]
 
 
@@ -73,3 +77,22 @@ def test_warp_sync_needs_groups_that_tile_whole_warps(threads, group, ok):
     else:
         with pytest.raises(ValueError, match="whole warps"):
             plane_kernel_source(spec)
+
+
+def test_fused_finalize_is_a_backward_variant():
+    with pytest.raises(ValueError, match="backward"):
+        plane_kernel_source(PlaneSpec(3, "float32", fused_finalize=True))
+    fused = plane_kernel_source(PlaneSpec(3, "float32", backward=True, fused_finalize=True))
+    assert "gw0, gb0, gs0, gww, gws" in fused.splitlines()[0]
+    assert "part[" not in fused  # no partials: the gradients are written directly
+
+
+def test_warmup_compiles_both_finalize_choices_of_each_backward():
+    """Whether a backward fuses the finalize depends on B, which warmup does not know."""
+    from wtconv_cuda.kernels.warmup import variants
+
+    specs = variants([5], ["float32"], [1], [(7, 7), (56, 56)], levels=[2])
+    backward = [s for s in specs if isinstance(s, PlaneSpec) and s.backward]
+    assert {s._replace(fused_finalize=False) for s in backward} == \
+        {s._replace(fused_finalize=False) for s in backward if s.fused_finalize} == \
+        {s for s in backward if not s.fused_finalize}
