@@ -590,7 +590,7 @@ def stage_planes(image_size: int) -> list:
 
 
 def _precompile_specs(planes_levels, storages, kernel_size: int = WT_KERNEL_SIZE) -> list:
-    """Kernel specs (forward, backward, finalize) of the given (plane, levels) pairs."""
+    """Kernel specs (forward, both backward variants, finalize) of (plane, levels) pairs."""
     from wtconv_cuda.kernels.warmup import variants
 
     specs = []

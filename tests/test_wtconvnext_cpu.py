@@ -394,5 +394,7 @@ def test_stage_planes_and_precompile_specs():
     assert wn.stage_planes(224) == [56, 28, 14, 7]
     assert wn.stage_planes(64) == [16, 8, 4, 2]
     specs = wn._precompile_specs([(56, 5), (28, 4)], ["float32"])
-    # forward and backward of each plane, plus one finalize kernel
-    assert 3 <= len(specs) <= 5 and len(set(specs)) == len(specs)
+    # forward and backward (with and without the fused finalize) of each plane, plus one
+    # finalize kernel
+    assert len(specs) == 7 and len(set(specs)) == len(specs)
+    assert sum(getattr(s, "fused_finalize", False) for s in specs) == 2
