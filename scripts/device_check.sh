@@ -27,9 +27,13 @@
 #              WTConvNeXt-T bf16 eager                              (~5 min cold)
 #   stepprofile  benchmarks/step_profile.py, bf16 and fp32: where a WTConvNeXt-T
 #              step's time goes (host issue, GPU busy, kernels by kind) (~4 min)
+#   tiles      the tiled forward's GPU tests (K of TEST_KS), then
+#              benchmarks/tile_bench.py $TILE_ARGS: plane kernel vs tiles on the
+#              paper grid (~5 min cold)
 #
 # Knobs: TEST_KS (kernel sizes of the sweep, default 3,5,7,9), BENCH_ARGS (extra
-# options of the bench, e.g. "--shapes convnext"), REPORT=1 (load
+# options of the bench, e.g. "--shapes convnext"), TILE_ARGS (options of
+# tile_bench.py), REPORT=1 (load
 # every compiled variant and record registers and local memory: ~1 s a kernel).
 # Logs and JSON land in $OUT (the device tool's output folder) or ./device_out.
 # Wheels the image lacks can be carried in .whl/ (see the device README); the
@@ -140,6 +144,22 @@ run_tune() {
     | tee "$OUT/tune.log"
 }
 
+run_tiles() {
+  # The tiled forward: its oracle tests (every K of TEST_KS, all dtypes), then
+  # benchmarks/tile_bench.py over the paper grid ($TILE_ARGS), plane kernel
+  # against the tiles.
+  echo "== tiled forward: oracle tests, then tile_bench ${TILE_ARGS:-}"
+  WTCONV_TEST_GPU=1 WTCONV_TEST_KS=$TEST_KS timeout 300 python3 -m pytest -q -x -n 16 \
+    -p no:cacheprovider -p no:benchmark tests/gpu/test_gpu_kernels.py -k tiled \
+    >"$OUT/gpu_tiles.log" 2>&1
+  local rc=$?
+  tail -n 5 "$OUT/gpu_tiles.log"
+  # shellcheck disable=SC2086  # TILE_ARGS is a list of options
+  timeout 400 python3 benchmarks/tile_bench.py --json "$OUT/tile_bench.json" ${TILE_ARGS:-} \
+    2>&1 | tee "$OUT/tile_bench.log" || rc=1
+  return $rc
+}
+
 run_wtconvnext() {
   echo "== WTConvNeXt-T end to end (benchmarks/wtconvnext.py): throughput, then the sanity run"
   timeout 420 python3 benchmarks/wtconvnext.py throughput --json "$OUT/wtconvnext_throughput.json" \
@@ -238,7 +258,7 @@ run_sanitizer() {
 
 for phase in "${phases[@]}"; do
   case "$phase" in
-    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|torchstep|stepprofile)
+    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|torchstep|stepprofile|tiles)
       "run_$phase" || status=1 ;;
     *) echo "unknown phase: $phase"; status=2 ;;
   esac

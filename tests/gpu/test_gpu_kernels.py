@@ -26,7 +26,7 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 
 from wtconv_cuda import reference  # noqa: E402
 from wtconv_cuda.kernels.launch import (  # noqa: E402
-    CupyBackend, Problem, Tuning, Weights, plan_plane, run_backward, run_forward,
+    CupyBackend, Problem, Tuning, Weights, plan_plane, plan_tiles, run_backward, run_forward,
 )
 from wtconv_cuda.weights import WTConvWeights  # noqa: E402
 
@@ -85,6 +85,29 @@ def select_channels(w: WTConvWeights, chans) -> WTConvWeights:
     return WTConvWeights(w.base_weight[chans],
                          None if w.base_bias is None else w.base_bias[chans],
                          w.base_scale[chans], w.wavelet_weight[:, chans], w.wavelet_scale[:, chans])
+
+
+def check_forward(shape, levels, k, storage, tuning, bias=True):
+    """Forward only (stride 1) against the oracle on sampled channels; returns the output."""
+    b, c, h, w = shape
+    rng = np.random.default_rng(zlib.crc32(repr((shape, levels, k, storage, "fwd")).encode()))
+    x_dev, x = to_device(rng.standard_normal(shape), storage)
+    params = [rng.uniform(-1, 1, (c, k, k)), rng.uniform(-1, 1, c), rng.uniform(0.5, 1.5, c),
+              rng.uniform(-1, 1, (levels, c, 4, k, k)), rng.uniform(-0.5, 0.5, (levels, c, 4))]
+    dev, host = zip(*(to_device(p, storage) for p in params))
+    wts = WTConvWeights(host[0], host[1] if bias else None, *host[2:])
+    wdev = Weights(dev[0], dev[1] if bias else dev[2], *dev[2:])
+    x_before = x_dev.copy()
+    y_dev = poisoned(shape, storage)
+    run_forward(backend(), Problem(b, c, h, w, k, levels, 1, storage, bias), x_dev, y_dev, wdev,
+                tuning)
+    chans = sample_channels(c)
+    y_ref = reference.forward(x[:, chans], select_channels(wts, chans), levels, 1)
+    y = to_host(y_dev, storage)
+    assert np.isfinite(y).all(), "forward left unwritten (NaN) outputs"
+    assert rel_err(y[:, chans], y_ref) < DTYPES[storage][1]
+    assert bool(cupy.array_equal(x_before, x_dev))
+    return y_dev
 
 
 def run_case(shape, levels, k, stride, storage, bias=True, seed=0, tuning=Tuning()):
@@ -148,6 +171,39 @@ CASES = [(s, L, k, st) for s in SHAPES for L in LEVELS for k in KERNEL_SIZES for
 @pytest.mark.parametrize("shape,levels,k,stride", CASES)
 def test_matches_oracle(shape, levels, k, stride, storage):
     run_case(shape, levels, k, stride, storage)
+
+
+#: The tiled forward, forced: partial edge tiles (odd sizes), planes narrower
+#: than a tile, 16-pixel tiles for 4 levels, and no bias.
+TILE_CASES = [((2, 3, 130, 67), L, k, 64) for L in range(4) for k in KERNEL_SIZES]
+TILE_CASES += [((1, 2, 45, 200), 2, k, 32) for k in KERNEL_SIZES]
+TILE_CASES += [((3, 2, 70, 51), 4, k, 16) for k in KERNEL_SIZES]
+
+
+@pytest.mark.parametrize("storage", list(DTYPES))
+@pytest.mark.parametrize("shape,levels,k,tile", TILE_CASES)
+def test_tiled_forward_matches_oracle(shape, levels, k, tile, storage):
+    kernels = backend()
+    tuning = Tuning(tiles=True, tile=tile)
+    assert plan_tiles(Problem(*shape, k, levels, 1, storage, True), kernels.shared_limit,
+                      tuning) is not None
+    check_forward(shape, levels, k, storage, tuning)
+    if levels == 2:
+        check_forward(shape, levels, k, storage, tuning, bias=False)
+
+
+@pytest.mark.parametrize("storage", list(DTYPES))
+def test_tiled_forward_is_the_default_for_large_planes(storage):
+    """The planner's own choice at a paper-grid-like plane: tiles, and the oracle holds;
+    the plane kernel (tiles off) gives the same values to rounding."""
+    if 5 not in KERNEL_SIZES:
+        pytest.skip("K = 5 runs in another GPU process")
+    shape, levels = (2, 4, 257, 300), 3
+    problem = Problem(*shape, 5, levels, 1, storage, True)
+    assert plan_tiles(problem, backend().shared_limit) is not None
+    tiled = to_host(check_forward(shape, levels, 5, storage, Tuning()), storage)
+    plane = to_host(check_forward(shape, levels, 5, storage, Tuning(tiles=False)), storage)
+    assert rel_err(tiled, plane) < DTYPES[storage][1]
 
 
 #: Backward work units of several batch entries: ragged last units (B not a

@@ -8,6 +8,7 @@ import pytest
 from wtconv_cuda.kernels.codegen import (
     FinalizeSpec, PlaneSpec, finalize_kernel_source, plane_kernel_source,
 )
+from wtconv_cuda.kernels.tiles import TileSpec, analysis_plan, tile_geometry, tile_kernel_source
 
 PLANE_SPECS = [
     PlaneSpec(k, storage, in_stride, out_stride, backward, scratch, threads, strip, 0, group,
@@ -96,3 +97,52 @@ def test_warmup_compiles_both_finalize_choices_of_each_backward():
     assert {s._replace(fused_finalize=False) for s in backward} == \
         {s._replace(fused_finalize=False) for s in backward if s.fused_finalize} == \
         {s for s in backward if not s.fused_finalize}
+
+
+TILE_SPECS = [TileSpec(k, storage, levels, tile, threads, strip)
+              for k, storage, levels, (tile, threads, strip)
+              in itertools.product((1, 3, 5), ("float32", "bfloat16"), (0, 1, 3),
+                                   ((8, 32, 2), (64, 256, 4), (32, 64, 1)))]
+
+
+@pytest.mark.parametrize("spec", TILE_SPECS, ids=repr)
+def test_tile_kernel_never_assigns_its_parameters(spec):
+    function = ast.parse(tile_kernel_source(spec)).body[0]
+    parameters = {a.arg for a in function.args.args}
+    assert not parameters & assigned_names(function)
+
+
+def test_tile_geometry_halos_and_layout():
+    """H_i = 2P * 2**(L-1-i): LL band i is read 2P values around the tile by level i+1."""
+    geo = tile_geometry(5, 3, 64)
+    assert geo.halos == (16, 8, 4)
+    assert geo.edges == (96, 48, 24)
+    taps = 25 + 4 * 25 * 3 + 1
+    assert geo.grids == (taps, taps + 96 ** 2, taps + 96 ** 2 + 48 ** 2)
+    z1 = taps + 96 ** 2 + 48 ** 2 + 24 ** 2
+    assert geo.z == (z1, z1 + 4 * 32 ** 2, z1 + 4 * 32 ** 2 + 4 * 16 ** 2)
+    assert geo.floats == z1 + 4 * (32 ** 2 + 16 ** 2 + 8 ** 2)
+    assert geo.read_amplification == (96 / 64) ** 2
+    assert tile_geometry(3, 0, 8).halos == (2,)  # P = 1, rounded up to even
+    assert tile_geometry(5, 1, 64).edges == (72,)
+
+
+@pytest.mark.parametrize("k,levels,tile", [(3, 1, 3), (3, 3, 4), (3, 1, 0), (3, 2, 24)])
+def test_tile_edge_must_be_a_power_of_two_covering_the_levels(k, levels, tile):
+    with pytest.raises(ValueError, match="power of two"):
+        tile_geometry(k, levels, tile)
+
+
+def test_tile_kernel_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="strip"):
+        tile_kernel_source(TileSpec(3, "float32", 1, 8, 32, 3))
+    with pytest.raises(ValueError, match="threads"):
+        tile_kernel_source(TileSpec(3, "float32", 1, 8, 48, 2))
+    with pytest.raises(ValueError, match="odd"):
+        tile_kernel_source(TileSpec(4, "float32", 1, 8, 32, 2))
+
+
+def test_tile_analysis_plan_picks_strips_for_fine_levels_singles_for_coarse():
+    # 64-pixel tiles, 256 threads, K = 5: 32x32 level-1 coefficients in one round of
+    # 4-row strips; 16x16 in 1-row strips; 8x8 and 4x4 as single items.
+    assert [analysis_plan(5, 64 >> j, 256) for j in (1, 2, 3, 4)] == [4, 1, 0, 0]

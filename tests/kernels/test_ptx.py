@@ -3,7 +3,7 @@
 The simulator does not type-check; compiling with ``numba.cuda.compile_ptx``
 does. The variants below cover every storage type, direction, input and
 output stride path (1, 2 and the generic one), shared memory and global
-scratch, block and warp (``syncwarp``) barriers (one and two planes per
+scratch, the tiled forward, block and warp (``syncwarp``) barriers (one and two planes per
 warp), several kernel sizes and launch shapes. This runs in a subprocess
 because the rest of the CPU suite imports numba in simulator mode, which
 cannot compile.
@@ -29,6 +29,11 @@ SPECS = textwrap.dedent("""
               for (threads, strip, group, sync) in ((128, 4, 2, False), (32, 1, 8, False),
                                                     (16, 1, 16, True))]
     specs += [FinalizeSpec(k, storage) for k in (1, 3, 5, 7) for storage in STORAGE]
+    # Tiled forwards: every storage, L = 0 and the strip and single-item level paths.
+    from wtconv_cuda.kernels.tiles import TileSpec
+    specs += [TileSpec(5, storage, levels, 64, 256, 4, 128)
+              for storage in STORAGE for levels in (0, 3)]
+    specs += [TileSpec(3, "float32", 2, 16, 64, 1, 0)]
     # Backward blocks that write the gradients themselves (fused finalize).
     specs += [PlaneSpec(5, storage, 1, 1, True, scratch, threads, 1, 128, group, sync, True)
               for storage in STORAGE for scratch in (False, True)

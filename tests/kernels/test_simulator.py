@@ -13,8 +13,10 @@ import pytest
 from wtconv_cuda import reference
 from wtconv_cuda.kernels.codegen import single_items_win
 from wtconv_cuda.kernels.launch import (
-    Problem, SimulatorBackend, Tuning, Weights, plan_plane, run_backward, run_forward,
+    Problem, SimulatorBackend, Tuning, Weights, plan_plane, plan_tiles, run_backward, run_forward,
+    work_buffers,
 )
+from wtconv_cuda.kernels.tiles import analysis_plan
 
 from ..conftest import random_weights
 
@@ -215,3 +217,88 @@ def test_two_planes_per_warp_on_global_scratch(rng):
     assert spec.scratch and spec.warp_sync and spec.planes_per_block == 2
     errors = run_layer(rng, (2, 3, 6, 7), 2, 3, 1, shared_limit=0, tuning=tuning)
     assert_close(errors, DTYPES["float32"][1])
+
+
+#: Tiled forwards, forced on tiny tiles: partial edge tiles on odd planes, every
+#: level decomposition (single items, strips of 1, 2 and 4 rows), L = 0, a 1x1
+#: kernel, float16, no bias. (shape, levels, k, tile, threads, strip, storage, bias)
+TILE_CASES = [
+    ((1, 2, 13, 11), 2, 3, 8, 32, 2, "float32", True),
+    ((2, 1, 21, 19), 1, 3, 16, 32, 2, "float32", True),
+    ((1, 1, 33, 20), 2, 3, 32, 32, 4, "float32", True),
+    ((1, 1, 9, 16), 0, 3, 8, 32, 2, "float32", True),
+    ((1, 2, 12, 9), 3, 3, 8, 32, 2, "float16", True),
+    ((1, 1, 17, 8), 2, 1, 4, 32, 1, "float32", True),
+    ((1, 1, 18, 30), 2, 3, 16, 64, 1, "float32", True),
+    ((1, 1, 10, 13), 1, 5, 8, 32, 4, "float32", False),
+]
+
+
+def test_tile_cases_cover_every_level_decomposition():
+    plans = {analysis_plan(k, tile >> j, threads)
+             for _, levels, k, tile, threads, _, _, _ in TILE_CASES
+             for j in range(1, levels + 1)}
+    assert plans == {0, 1, 2, 4}
+
+
+@pytest.mark.parametrize("shape,levels,k,tile,threads,strip,storage,bias", TILE_CASES)
+def test_tiled_forward_matches_oracle(rng, shape, levels, k, tile, threads, strip, storage, bias):
+    dtype, tol = DTYPES[storage]
+    b, c, h, w = shape
+    x = rng.standard_normal(shape).astype(dtype)
+    wts = random_weights(rng, c, k, levels, bias=bias, dtype=dtype)
+    weights = Weights(wts.base_weight, wts.base_bias if bias else wts.base_scale,
+                      wts.base_scale, wts.wavelet_weight, wts.wavelet_scale)
+    problem = Problem(b, c, h, w, k, levels, 1, storage, bias)
+    tuning = Tuning(tiles=True, tile=tile, threads=threads, strip=strip)
+    backend = _RecordingBackend()
+    plan = plan_tiles(problem, backend.shared_limit, tuning)
+    assert plan is not None and plan.grid == b * c * -(-h // tile) * -(-w // tile)
+    x_before = x.copy()
+    y = np.full(shape, np.nan, dtype)
+    run_forward(backend, problem, x, y, weights, tuning)
+    np.testing.assert_array_equal(x, x_before)
+    assert backend.requests == [] == list(work_buffers(problem, False, backend.shared_limit,
+                                                       backend.max_slots, tuning))
+    assert np.isfinite(y).all(), "unwritten (NaN) outputs"
+    want = reference.forward(x, wts, levels, 1)
+    assert np.linalg.norm(y.astype(np.float64) - want) / np.linalg.norm(want) < tol
+
+
+def test_tiled_forward_keeps_a_nan_in_its_receptive_field(rng):
+    """A NaN pixel poisons exactly the outputs whose receptive field holds it, also across
+    tile edges (zero taps never meet it)."""
+    shape, levels, k = (1, 1, 16, 16), 1, 3
+    x = rng.standard_normal(shape).astype(np.float32)
+    x[0, 0, 7, 8] = np.nan  # a level-1 block at tile rows 0..7, next to the tile edge
+    wts = random_weights(rng, 1, k, levels, dtype=np.float32)
+    weights = Weights(*wts)
+    problem = Problem(*shape, k, levels, 1, "float32", True)
+    y = np.full(shape, np.inf, np.float32)
+    run_forward(SimulatorBackend(), problem, x, y, weights,
+                Tuning(tiles=True, tile=8, threads=32, strip=2))
+    x_clean = np.nan_to_num(x)
+    want = reference.forward(x_clean, wts, levels, 1)
+    # receptive field of (7, 8): base taps reach 1 pixel; level 1 reaches the 2x2 blocks of
+    # the 3x3 coefficients around (3, 4), i.e. rows 4..9 and columns 6..11
+    poisoned = np.zeros((16, 16), bool)
+    poisoned[4:10, 6:12] = True
+    assert np.isnan(y[0, 0][poisoned]).all()
+    np.testing.assert_allclose(y[0, 0][~poisoned], want[0, 0][~poisoned], rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("shape,levels,stride,tuning,tiled", [
+    ((8, 64, 512, 512), 3, 1, Tuning(), True),  # paper grid, L 3: 2.25x reads
+    ((8, 32, 128, 128), 1, 1, Tuning(), True),  # fits in shared, but large
+    ((8, 64, 512, 512), 5, 1, Tuning(), False),  # halo of 64 pixels: 9x reads
+    ((8, 64, 512, 512), 3, 2, Tuning(), False),  # stride 2
+    ((64, 96, 56, 56), 3, 1, Tuning(), False),  # ConvNeXt-T stage: the plane kernel
+    ((8, 64, 512, 512), 3, 1, Tuning(tiles=False), False),
+    ((1, 1, 20, 20), 2, 1, Tuning(tiles=True), True),  # forced: smaller than a tile
+])
+def test_planner_takes_tiles_for_large_planes(shape, levels, stride, tuning, tiled):
+    problem = Problem(*shape, 5, levels, stride, "float32", True)
+    plan = plan_tiles(problem, 227 * 1024 - 1024, tuning)
+    assert (plan is not None) == tiled
+    if tiled:
+        assert plan.spec.tile == 64 and plan.block == 256

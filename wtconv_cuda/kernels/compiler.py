@@ -19,7 +19,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from . import codegen
+from . import codegen, tiles
 
 #: Bump when the kernel ABI or generated code changes in a way the source
 #: hash alone would not capture.
@@ -130,7 +130,33 @@ def finalize_signature(storage: str) -> tuple:
     return (types.CPointer(types.float32),) + (st,) * 10 + (types.CPointer(types.int64),)
 
 
+def tile_signature(storage: str) -> tuple:
+    """Argument types of ``wtconv_tile`` (see :mod:`wtconv_cuda.kernels.tiles`).
+
+    Parameters
+    ----------
+    storage : str
+        ``"float32"``, ``"float16"`` or ``"bfloat16"`` (passed as ``uint16``).
+
+    Returns
+    -------
+    tuple of numba types
+        Pointers to the storage type for ``x, y, w0, b0, s0, ww, ws``, then
+        int64 ``H, W, C, has_bias, tiles_x, ntiles``.
+
+    Raises
+    ------
+    KeyError
+        ``storage`` is not one of the three names above.
+    """
+    from numba import types
+    st = types.CPointer(_storage_type(storage))
+    return (st,) * 7 + (types.int64,) * 6
+
+
 def _source_for(spec) -> tuple[str, str, tuple]:
+    if isinstance(spec, tiles.TileSpec):
+        return tiles.tile_kernel_source(spec), "wtconv_tile", tile_signature(spec.storage)
     if isinstance(spec, codegen.PlaneSpec):
         source = codegen.plane_kernel_source(spec)  # validates the spec first
         return source, "wtconv_plane", plane_signature(spec.storage, spec.fused_finalize)
@@ -149,7 +175,7 @@ def compile_ptx(spec, cc: tuple[int, int] = (9, 0)) -> tuple[str, str]:
 
     Parameters
     ----------
-    spec : PlaneSpec or FinalizeSpec
+    spec : PlaneSpec, TileSpec or FinalizeSpec
         The kernel variant.
     cc : tuple of int, optional
         Target ``(major, minor)``; default ``(9, 0)`` (Hopper).
@@ -167,10 +193,12 @@ def compile_ptx(spec, cc: tuple[int, int] = (9, 0)) -> tuple[str, str]:
         numba could not compile the generated source, or the PTX has no
         kernel entry.
     TypeError
-        ``spec`` is neither a `PlaneSpec` nor a `FinalizeSpec`.
+        ``spec`` is not a `PlaneSpec`, `TileSpec` or `FinalizeSpec`.
     ValueError
-        A `PlaneSpec` with an even kernel size or an unknown storage (see
-        :func:`wtconv_cuda.kernels.codegen.plane_kernel_source`).
+        A `PlaneSpec` or `TileSpec` with an even kernel size, an unknown
+        storage or a bad shape (see
+        :func:`wtconv_cuda.kernels.codegen.plane_kernel_source` and
+        :func:`wtconv_cuda.kernels.tiles.tile_kernel_source`).
     """
     from ._numba_compat import cuda
     source, name, signature = _source_for(spec)
@@ -234,7 +262,7 @@ def cached_ptx(spec, cc: tuple[int, int]) -> tuple[Path, str]:
 
     Parameters
     ----------
-    spec : PlaneSpec or FinalizeSpec
+    spec : PlaneSpec, TileSpec or FinalizeSpec
         The kernel variant.
     cc : tuple of int
         Target ``(major, minor)``.
@@ -301,7 +329,7 @@ def gpu_kernel(spec, device_id: int):
 
     Parameters
     ----------
-    spec : PlaneSpec or FinalizeSpec
+    spec : PlaneSpec, TileSpec or FinalizeSpec
         The kernel variant.
     device_id : int
         CUDA device ordinal.
@@ -341,7 +369,7 @@ def sim_kernel(spec):
 
     Parameters
     ----------
-    spec : PlaneSpec or FinalizeSpec
+    spec : PlaneSpec, TileSpec or FinalizeSpec
         The kernel variant.
 
     Returns

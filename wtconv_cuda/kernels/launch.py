@@ -21,6 +21,7 @@ import numpy as np
 
 from . import compiler
 from .codegen import FinalizeSpec, PlaneSpec
+from .tiles import TileSpec, tile_geometry
 from .driver import driver_launch
 from .layout import HEADER_FIELDS, plane_layout, with_problem
 
@@ -121,6 +122,15 @@ class Tuning(NamedTuple):
         write their gradients itself (``PlaneSpec.fused_finalize``; one launch,
         no partials). The default (None or True) fuses whenever the plan
         allows it; False always writes partials and runs ``wtconv_finalize``.
+    tiles : bool or None
+        Forward: run the tiled kernel (:mod:`wtconv_cuda.kernels.tiles`)
+        instead of the plane kernel. None lets :func:`plan_tiles` decide; True
+        takes the tiles whenever they can run the problem (stride 1, the
+        buffer in shared memory), however large the halo; False never. With tiles,
+        ``threads``, ``strip`` and ``max_registers`` set the tile kernel's
+        (defaults `TILE_THREADS`, 4 and `REGISTER_CAP`).
+    tile : int or None
+        Tile edge (a power of two; default `TILE_EDGE`).
     """
 
     threads: int | None = None
@@ -130,6 +140,8 @@ class Tuning(NamedTuple):
     warp_sync: bool | None = None
     batch_chunk: int | None = None
     fuse_finalize: bool | None = None
+    tiles: bool | None = None
+    tile: int | None = None
 
 
 #: Bytes per element of each storage dtype.
@@ -421,6 +433,96 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
                   header, rb, units, upart, dims)
 
 
+#: Tile kernel defaults: output tile edge and threads per block.
+TILE_EDGE = 64
+TILE_THREADS = 256
+#: Most pixels of ``x`` a tile may load per output pixel (the halo's cost).
+TILE_MAX_READ = 2.3
+#: Smallest plane, in pixels, that the tiles take by default when the plane
+#: kernel would still hold it in shared memory.
+TILE_MIN_PIXELS = 128 * 128
+
+
+class TileLaunch(NamedTuple):
+    """Everything needed to issue one ``wtconv_tile`` launch.
+
+    Attributes
+    ----------
+    spec : TileSpec
+        The kernel variant.
+    grid : int
+        Blocks: one per tile of every plane, ``B * C * tiles_y * tiles_x``.
+    block : int
+        Threads per block.
+    shared_bytes : int
+        Dynamic shared memory per block.
+    tiles_x, ntiles : int
+        Tiles per row and per plane (kernel arguments).
+    """
+
+    spec: TileSpec
+    grid: int
+    block: int
+    shared_bytes: int
+    tiles_x: int
+    ntiles: int
+
+
+@lru_cache(maxsize=1024)
+def plan_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning()):
+    """The tiled forward's launch for ``problem``, or None where the plane kernel runs it.
+
+    The tiles can run a forward with stride 1 whose buffer fits in
+    ``shared_limit``. By default (``tuning.tiles`` None) they take such a
+    problem when the halo keeps the pixels a tile loads per output pixel at
+    most `TILE_MAX_READ`, two blocks fit in ``shared_limit``, the plane is at
+    least one tile each way, and either the plane kernel would need global
+    scratch for it or it has at least `TILE_MIN_PIXELS` pixels.
+    ``tuning.tiles`` True takes every problem they can run, False none.
+
+    Parameters
+    ----------
+    problem : Problem
+        The layer call.
+    shared_limit : int
+        Bytes of dynamic shared memory a block may use.
+    tuning : Tuning, optional
+        ``tiles``, ``tile``, ``threads``, ``strip`` and ``max_registers``
+        are read.
+
+    Returns
+    -------
+    TileLaunch or None
+        Shared through the plan cache: do not modify it.
+    """
+    p = problem
+    if tuning.tiles is False or p.stride != 1:
+        return None
+    edge = tuning.tile or TILE_EDGE
+    if edge < 2 ** max(p.levels, 1):
+        return None
+    geo = tile_geometry(p.kernel_size, p.levels, edge)
+    shared_bytes = 4 * geo.floats
+    if shared_bytes > shared_limit:
+        return None
+    if tuning.tiles is None:
+        if geo.read_amplification > TILE_MAX_READ or 2 * shared_bytes > shared_limit:
+            return None
+        if p.height < edge or p.width < edge:
+            return None
+        if p.height * p.width < TILE_MIN_PIXELS:
+            plane = plan_plane(p, False, shared_limit, 1, tuning._replace(tiles=False))
+            if not plane.spec.scratch:
+                return None
+    threads = tuning.threads or TILE_THREADS
+    strip = tuning.strip or 4
+    max_registers = REGISTER_CAP if tuning.max_registers is None else tuning.max_registers
+    spec = TileSpec(p.kernel_size, p.storage, p.levels, edge, threads, strip, max_registers)
+    tiles_x, tiles_y = -(-p.width // edge), -(-p.height // edge)
+    ntiles = tiles_x * tiles_y
+    return TileLaunch(spec, p.batch * p.channels * ntiles, threads, shared_bytes, tiles_x, ntiles)
+
+
 class CupyBackend:
     """Launches on the current CuPy device and stream.
 
@@ -449,7 +551,7 @@ class CupyBackend:
 
         Parameters
         ----------
-        spec : PlaneSpec or FinalizeSpec
+        spec : PlaneSpec, TileSpec or FinalizeSpec
             The kernel variant.
 
         Returns
@@ -578,7 +680,7 @@ class SimulatorBackend:
 
         Parameters
         ----------
-        spec : PlaneSpec or FinalizeSpec
+        spec : PlaneSpec, TileSpec or FinalizeSpec
             The kernel variant.
 
         Returns
@@ -671,6 +773,8 @@ def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots:
         finalize),
         ``([scratch])`` forward (an empty tuple when no scratch is needed).
     """
+    if not backward and plan_tiles(problem, shared_limit, tuning) is not None:
+        return ()
     launch = plan_plane(problem, backward, shared_limit, max_slots, tuning)
     sizes = [launch.partial_floats] if backward and not launch.spec.fused_finalize else []
     if launch.scratch_floats:
@@ -678,9 +782,17 @@ def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots:
     return tuple(sizes)
 
 
+def _int64s(*values):
+    """Kernel scalar arguments as ``numpy.int64`` (8-byte parameters on every launch path)."""
+    return tuple(np.int64(v) for v in values)
+
+
 def run_forward(backend, problem: Problem, x, y, weights: Weights,
                 tuning: Tuning = Tuning()) -> None:
     """Launch the fused forward: ``y = WTConv(x)``.
+
+    One launch: the tiled kernel where :func:`plan_tiles` takes the problem,
+    else the plane kernel.
 
     Parameters
     ----------
@@ -704,6 +816,14 @@ def run_forward(backend, problem: Problem, x, y, weights: Weights,
     RuntimeError
         `SimulatorBackend` without ``NUMBA_ENABLE_CUDASIM=1``.
     """
+    tiled = plan_tiles(problem, backend.shared_limit, tuning)
+    if tiled is not None:
+        args = (x, y, *weights, *_int64s(problem.height, problem.width, problem.channels,
+                                               int(problem.has_bias), tiled.tiles_x,
+                                               tiled.ntiles))
+        backend.call(backend.kernel(tiled.spec), tiled.grid, tiled.block, args,
+                     tiled.shared_bytes)
+        return
     launch = plan_plane(problem, False, backend.shared_limit, backend.max_slots, tuning)
     geo = backend.table(launch.geo)
     scratch = backend.float32(launch.scratch_floats) if launch.scratch_floats else geo

@@ -20,7 +20,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 from .codegen import STORAGE, FinalizeSpec
-from .launch import FINALIZE_THREADS, Problem, Tuning, plan_plane
+from .launch import FINALIZE_THREADS, Problem, Tuning, plan_plane, plan_tiles
 
 DEFAULT_SHARED_LIMIT = 227 * 1024 - 1024  # H100/H200 opt-in limit, less a margin
 DEFAULT_SLOTS = 264
@@ -34,7 +34,10 @@ def variants(kernel_sizes, storages, strides, plane_sizes, levels=range(7),
     except for whether a backward block writes the gradients itself
     (``PlaneSpec.fused_finalize``), so one problem per combination of the
     options, plus the other finalize choice of each backward spec, covers
-    them all.
+    them all. Where the planner runs a forward on tiles
+    (:func:`~wtconv_cuda.kernels.launch.plan_tiles`), the tile spec is listed
+    before the plane specs, which stay in the list (``Tuning(tiles=False)``
+    runs them).
 
     Parameters
     ----------
@@ -55,14 +58,17 @@ def variants(kernel_sizes, storages, strides, plane_sizes, levels=range(7),
 
     Returns
     -------
-    list of PlaneSpec and FinalizeSpec
-        Without duplicates, in first-planned order: the plane specs, then one
-        finalize spec per kernel size and storage.
+    list of TileSpec, PlaneSpec and FinalizeSpec
+        Without duplicates, in first-planned order: the tile and plane specs,
+        then one finalize spec per kernel size and storage.
     """
     specs = []
     for k, storage, stride, (h, w), lv, tuning in itertools.product(
             kernel_sizes, storages, strides, plane_sizes, levels, tunings):
         problem = Problem(1, 1, h, w, k, lv, stride, storage, True)
+        tiled = plan_tiles(problem, shared_limit, tuning)
+        if tiled is not None:  # large planes: the tiled forward (the plane one stays warm too)
+            specs.append(tiled.spec)
         for backward in (False, True):
             spec = plan_plane(problem, backward, shared_limit, DEFAULT_SLOTS, tuning).spec
             specs.append(spec)

@@ -1,0 +1,149 @@
+"""Forward kernel time of the tiled kernel against the plane kernel, paper grid.
+
+For each configuration (B = 8, C, H = W, L, K = 5 by default) and storage,
+times the forward of the plane kernel (``Tuning(tiles=False)``) and of each
+tile variant asked for, with CUDA events (median of 30, three rotating input
+sets), and reports the fraction of the copy roofline (``x`` read once, ``y``
+written once, at the measured device-to-device copy bandwidth). Each variant's
+registers and local memory come from its loaded kernel. Correctness is the
+tests' job; this script only checks that the tiled output is finite and close
+to the plane kernel's.
+
+    python benchmarks/tile_bench.py --json tile_bench.json
+    python benchmarks/tile_bench.py --variants 64:256:4:128 64:256:4:64 32:128:2:0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+import cupy
+
+from wtconv_cuda._bench.core import CupyEventTimer, paper_grid, time_median
+from wtconv_cuda.kernels.compiler import gpu_kernel, parse_compute_capability
+from wtconv_cuda.kernels.launch import (
+    CupyBackend, Problem, Tuning, Weights, plan_plane, plan_tiles, run_forward,
+)
+from wtconv_cuda.kernels.warmup import compile_all
+
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+HOST_DTYPE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
+
+
+def random_array(rng, shape, storage):
+    """Random normal values in ``storage`` (bfloat16 as the top half of float32 bits)."""
+    values = rng.standard_normal(shape, dtype=np.float32)
+    if storage == "bfloat16":
+        return cupy.asarray((values.view(np.uint32) >> 16).astype(np.uint16))
+    return cupy.asarray(values.astype(HOST_DTYPE[storage]))
+
+
+def copy_bandwidth(nbytes=1 << 30, repeats=20):
+    """Device-to-device copy bandwidth, bytes/s, read plus write counted."""
+    src = cupy.random.random(nbytes // 4, dtype=cupy.float32)
+    dst = cupy.empty_like(src)
+    timing = time_median(lambda: cupy.copyto(dst, src), [()], CupyEventTimer(cupy), repeats, 3)
+    return 2 * src.nbytes / (timing.median_ms * 1e-3)
+
+
+def parse_variant(text):
+    """``TS:THREADS:STRIP:REGS`` -> Tuning with tiles forced on."""
+    ts, threads, strip, regs = (int(v) for v in text.split(":"))
+    return Tuning(threads=threads, strip=strip, max_registers=regs, tiles=True, tile=ts)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--storage", nargs="+", default=["float32"])
+    parser.add_argument("--variants", nargs="+", default=["64:256:4:128"],
+                        metavar="TS:THREADS:STRIP:REGS")
+    parser.add_argument("--levels", type=int, nargs="+", default=None)
+    parser.add_argument("--k", type=int, default=5)
+    parser.add_argument("--no-plane", action="store_true", help="skip the plane kernel")
+    args = parser.parse_args()
+
+    backend = CupyBackend()
+    bandwidth = copy_bandwidth()
+    print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
+    tunings = {v: parse_variant(v) for v in args.variants}
+    tunings["auto"] = Tuning()
+    configs = [c for c in paper_grid() if args.levels is None or c.levels in args.levels]
+
+    specs = set()
+    for cfg in configs:
+        for storage in args.storage:
+            problem = Problem(cfg.batch, cfg.channels, cfg.height, cfg.width, args.k, cfg.levels,
+                              1, storage, True)
+            if not args.no_plane:
+                specs.add(plan_plane(problem, False, backend.shared_limit, backend.max_slots,
+                                     Tuning(tiles=False)).spec)
+            for tuning in tunings.values():
+                plan = plan_tiles(problem, backend.shared_limit, tuning)
+                if plan is not None:
+                    specs.add(plan.spec)
+    cc = parse_compute_capability(cupy.cuda.Device().compute_capability)
+    compile_all(sorted(specs, key=repr), cc, 16)
+    kernels = {}
+    for spec in specs:
+        attrs = gpu_kernel(spec, backend.device_id).attributes
+        kernels[spec] = {"regs": attrs["num_regs"], "local_bytes": attrs["local_size_bytes"]}
+        print(f"{spec}: {kernels[spec]}", flush=True)
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for cfg in configs:
+        for storage in args.storage:
+            b, c, h, w, L, k = cfg.batch, cfg.channels, cfg.height, cfg.width, cfg.levels, args.k
+            problem = Problem(b, c, h, w, k, L, 1, storage, True)
+            xs = [random_array(rng, (b, c, h, w), storage) for _ in range(3)]
+            weights = Weights(random_array(rng, (c, k, k), storage),
+                              random_array(rng, (c,), storage), random_array(rng, (c,), storage),
+                              random_array(rng, (L, c, 4, k, k), storage),
+                              random_array(rng, (L, c, 4), storage))
+            y = cupy.empty_like(xs[0])
+            nbytes = 2 * xs[0].size * ITEMSIZE[storage]
+            row = {"config": f"{b}x{c}x{h}x{w} L{L} K{k}", "storage": storage, "ms": {},
+                   "roofline": {}}
+            runs = [] if args.no_plane else [("plane", Tuning(tiles=False))]
+            runs += [(name, t) for name, t in tunings.items()
+                     if plan_tiles(problem, backend.shared_limit, t) is not None]
+            reference = None
+            for name, tuning in runs:
+                def forward(i, tuning=tuning):
+                    run_forward(backend, problem, xs[i], y, weights, tuning)
+                ms = time_median(forward, [(i,) for i in range(3)], CupyEventTimer(cupy), 30,
+                                 3).median_ms
+                row["ms"][name] = round(ms, 4)
+                row["roofline"][name] = round(nbytes / bandwidth / (ms * 1e-3), 4)
+                forward(0)
+                out = y.astype(cupy.float32) if storage != "bfloat16" else (
+                    (y.astype(cupy.uint32) << 16).view(cupy.float32))
+                if reference is None:
+                    reference = out.copy()
+                else:
+                    diff = float(cupy.linalg.norm(out - reference) / cupy.linalg.norm(reference))
+                    row.setdefault("diff_vs_first", {})[name] = diff
+            plan = plan_tiles(problem, backend.shared_limit, Tuning())
+            row["auto_plan"] = repr(plan.spec) if plan else "plane"
+            rows.append(row)
+            cells = "  ".join(f"{n} {row['ms'][n]:.3f} ms ({100 * row['roofline'][n]:.1f}%)"
+                              for n in row["ms"])
+            print(f"{row['config']:24s} {storage:8s} {cells}  {row.get('diff_vs_first', '')}",
+                  flush=True)
+            del xs, y, weights
+            cupy.get_default_memory_pool().free_all_blocks()
+
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"bandwidth": bandwidth, "kernels": {repr(s): v for s, v in kernels.items()},
+                       "rows": rows}, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

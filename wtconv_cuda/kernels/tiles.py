@@ -1,0 +1,482 @@
+"""Tiled forward kernel for large planes: ``wtconv_tile``.
+
+The plane kernel (:mod:`.codegen`) keeps a whole plane on chip. A plane too
+large for shared memory falls back to global scratch with one thread group per
+plane, which leaves most of a GPU idle and moves the plane through memory
+several times. This kernel instead gives every block one ``TS x TS`` output
+tile of one plane and everything the tile's outputs depend on, read once from
+global memory with a halo, so the forward moves little more than the
+compulsory bytes (``x`` once, ``y`` once; the halos come mostly from L2).
+
+What a tile needs (``P = K // 2``, levels ``j = 1..L``): level ``j``'s
+convolved subbands at the tile's ``TS / 2**j`` coefficients read the subbands
+``P`` coefficients around them, that is the raw LL band of level ``j - 1``
+``2P`` values around the tile's part of it. Going down the chain, LL band
+``i`` is needed ``H_i = 2P * 2**(L-1-i)`` values around the tile (``H_0 = P *
+2**L`` pixels of ``x``). Every block therefore
+
+1. loads the ``(TS + 2 H_0)**2`` pixels of ``x`` around its tile (zeros outside
+   the image: the zero extension is exactly the operator's padding, at every
+   level) and folds the channel's taps;
+2. for ``j = 1..L``: forms LL band ``j`` over its halo region (for ``j < L``)
+   and convolves level ``j``'s four subbands at the tile's coefficients, the
+   Haar analysis fused into the convolution as in the plane kernel;
+3. adds the levels' syntheses from the coarsest up into level 1's LL band;
+4. runs the base convolution on its output pixels, adds the level-1
+   synthesis and the bias and writes the pixels that lie in the image.
+
+Every size and offset is a compile-time constant of the variant (``L`` too), so
+the generated code carries no geometry table. The halo grows as ``2**L``:
+:func:`tile_geometry` reports the read amplification and the planner uses the
+tiles only where it stays small (:func:`wtconv_cuda.kernels.launch.plan_tiles`).
+
+Buffer layout (float32 elements of dynamic shared memory)::
+
+    [ folded taps and bias | grid 0 (x) | LL grids 1..L-1 | z_1 | z_2 | ... | z_L ]
+
+Grids are stored polyphase (four planes, one per row and column parity, as in
+the plane kernel), so the four values of a Haar block share one index and
+neighbouring threads read neighbouring words. ``z_j`` is four ``TS_j x TS_j``
+planes (``TS_j = TS / 2**j``), subband-major.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from .codegen import (
+    STORAGE, _butterfly, _DivmodLoop, _Emitter, _emit_fold_weights, _load, _store,
+)
+
+#: Loads each thread issues before its first shared-memory store.
+TILE_LOAD_UNROLL = 8
+
+
+class TileSpec(NamedTuple):
+    """Compile-time parameters of one ``wtconv_tile`` variant.
+
+    Attributes
+    ----------
+    kernel_size : int
+        Odd ``K``.
+    storage : str
+        ``"float32"``, ``"float16"`` or ``"bfloat16"`` (raw ``uint16`` bits).
+    levels : int
+        Wavelet levels ``L >= 0`` (compile-time: the geometry is unrolled).
+    tile : int
+        Output tile edge ``TS``; a power of two, at least ``2**max(L, 1)``.
+    threads : int
+        Threads per block.
+    strip : int
+        Level-1 coefficient rows per thread in the output phase (``Q``).
+    max_registers : int
+        Register cap handed to ptxas (``.maxnreg``); 0 leaves it free.
+    """
+
+    kernel_size: int
+    storage: str
+    levels: int
+    tile: int = 64
+    threads: int = 256
+    strip: int = 4
+    max_registers: int = 0
+
+    @property
+    def backward(self) -> bool:
+        """Always False: the tiles run the forward only (the fold-weight emitter asks)."""
+        return False
+
+
+class TileGeometry(NamedTuple):
+    """Compile-time layout of one tile's working set (see the module docstring).
+
+    Attributes
+    ----------
+    halos : tuple of int
+        ``H_i`` for the grids ``i = 0..max(L-1, 0)``: values kept around the
+        tile's part of LL band ``i`` (grid 0 is ``x``).
+    edges : tuple of int
+        Grid edge ``N_i = TS / 2**i + 2 H_i`` of each grid (even).
+    grids : tuple of int
+        Offset of each grid's first phase plane.
+    z : tuple of int
+        Offset of ``z_j`` for ``j = 1..L`` (entry ``j - 1``).
+    ntaps : int
+        Folded taps and bias at the start of the buffer.
+    floats : int
+        float32 elements of the whole buffer.
+    """
+
+    halos: tuple
+    edges: tuple
+    grids: tuple
+    z: tuple
+    ntaps: int
+    floats: int
+
+    @property
+    def read_amplification(self) -> float:
+        """Pixels of ``x`` a tile loads per output pixel, ``(N_0 / TS)**2``."""
+        ts = self.edges[0] - 2 * self.halos[0]
+        return (self.edges[0] / ts) ** 2
+
+    def phase(self, i: int) -> int:
+        """Elements in one phase plane of grid ``i``."""
+        return (self.edges[i] // 2) ** 2
+
+    def pitch(self, i: int) -> int:
+        """Row pitch of grid ``i``'s phase planes."""
+        return self.edges[i] // 2
+
+
+def tile_geometry(kernel_size: int, levels: int, tile: int) -> TileGeometry:
+    """Halos, grid sizes and buffer offsets of a tile (see :class:`TileGeometry`).
+
+    Parameters
+    ----------
+    kernel_size : int
+        Odd ``K``.
+    levels : int
+        Wavelet levels ``L >= 0``.
+    tile : int
+        Tile edge ``TS``, a power of two and a multiple of ``2**max(L, 1)``.
+
+    Returns
+    -------
+    TileGeometry
+
+    Raises
+    ------
+    ValueError
+        ``tile`` is not a power of two or is smaller than ``2**max(L, 1)``.
+    """
+    K, L, TS = kernel_size, levels, tile
+    if TS <= 0 or TS & (TS - 1) or TS < 2 ** max(L, 1):
+        raise ValueError(f"tile must be a power of two >= 2**max(L, 1) = {2 ** max(L, 1)}, "
+                         f"got {TS}")
+    P = (K - 1) // 2
+    if L == 0:
+        halos = (P + (P & 1),)  # even, so the grid's phases stay aligned with the tile
+    else:
+        halos = tuple(2 * P * 2 ** (L - 1 - i) for i in range(L))
+    edges = tuple((TS >> i) + 2 * h for i, h in enumerate(halos))
+    ntaps = K * K + 4 * K * K * L + 1
+    offset, grids = ntaps, []
+    for n in edges:
+        grids.append(offset)
+        offset += n * n
+    z = []
+    for j in range(1, L + 1):
+        z.append(offset)
+        offset += 4 * (TS >> j) ** 2
+    return TileGeometry(halos, edges, tuple(grids), tuple(z), ntaps, offset)
+
+
+def _strip_cost(K: int, Q: int) -> int:
+    """Rough instructions of one analysis strip item of ``Q`` rows (as the plane kernel's)."""
+    return K * (4 * K + 12 * (Q + K - 1) + 4 * Q * K)
+
+
+def _single_cost(K: int) -> int:
+    return 9 * K * K
+
+
+def analysis_plan(kernel_size: int, coefficients: int, threads: int) -> int:
+    """Work decomposition of one level's subband convolutions in a tile.
+
+    Parameters
+    ----------
+    kernel_size : int
+        ``K``.
+    coefficients : int
+        The level's tile edge ``TS_j`` (``TS_j**2`` coefficients).
+    threads : int
+        Threads per block.
+
+    Returns
+    -------
+    int
+        Rows per strip item (4, 2 or 1), or 0 for single items (one subband
+        of one coefficient each): whichever takes the fewest serial
+        instructions, rounds of ``threads`` items times an item's cost.
+    """
+    K, n = kernel_size, coefficients
+    best, best_cost = 0, -(-(4 * n * n) // threads) * _single_cost(K)
+    for Q in (4, 2, 1):
+        if n % Q:
+            continue
+        cost = -(-((n // Q) * n) // threads) * _strip_cost(K, Q)
+        if cost < best_cost:
+            best, best_cost = Q, cost
+    return best
+
+
+def tile_kernel_source(spec: TileSpec) -> str:
+    """Python source of ``wtconv_tile`` for ``spec``.
+
+    The kernel takes ``(x, y, w0, b0, s0, ww, ws, H, W, C, has_bias, tiles_x,
+    ntiles)``: seven pointers to the storage type, then int64 scalars (see
+    :func:`wtconv_cuda.kernels.compiler.tile_signature`). Block ``n`` computes
+    tile ``n % ntiles`` (row-major, ``tiles_x`` per row) of plane ``n //
+    ntiles``; it needs ``4 * tile_geometry(...).floats`` bytes of dynamic
+    shared memory and ``spec.threads`` threads.
+
+    Parameters
+    ----------
+    spec : TileSpec
+        The variant to generate.
+
+    Returns
+    -------
+    str
+        Source of a function ``wtconv_tile``, for :func:`wtconv_cuda.kernels.codegen.build`.
+
+    Raises
+    ------
+    ValueError
+        An even or non-positive kernel size, an unknown storage, a bad tile
+        edge (see :func:`tile_geometry`), a strip that does not divide the
+        level-1 tile edge, or fewer than 32 threads.
+    """
+    K, L, TS, NT, Q = spec.kernel_size, spec.levels, spec.tile, spec.threads, spec.strip
+    if K < 1 or K % 2 == 0:
+        raise ValueError(f"kernel_size must be odd and >= 1, got {K}")
+    if spec.storage not in STORAGE:
+        raise ValueError(f"storage must be one of {STORAGE}, got {spec.storage!r}")
+    if L < 0:
+        raise ValueError(f"levels must be >= 0, got {L}")
+    geo = tile_geometry(K, L, TS)
+    if Q < 1 or (TS // 2) % Q:
+        raise ValueError(f"strip must divide the level-1 tile edge {TS // 2}, got {Q}")
+    if NT < 32 or NT % 32:
+        raise ValueError(f"threads must be a positive multiple of 32, got {NT}")
+
+    e = _Emitter()
+    e("def wtconv_tile(x, y, w0, b0, s0, ww, ws, H, W, C, has_bias, tiles_x, ntiles):")
+    with e.indent():
+        e("S = cuda.shared.array(0, dtype=float32)",
+          "tid = int64(cuda.threadIdx.x)",
+          "fz = float32(0.0)",
+          "f05 = float32(0.5)",
+          f"L = {L}",
+          "sb = int64(0)",
+          "# block -> (plane, tile row, tile column); tiles of a plane are consecutive",
+          "bid = int64(cuda.blockIdx.x)",
+          "plane = bid // ntiles",
+          "tile = bid - plane * ntiles",
+          "trow = tile // tiles_x",
+          f"oy = trow * {TS}",
+          f"ox = (tile - trow * tiles_x) * {TS}",
+          "c = plane - (plane // C) * C")
+        _emit_fold_weights(e, spec)
+        _emit_tile_load(e, spec, geo)
+        e("cuda.syncthreads()")
+        for j in range(1, L + 1):
+            if j < L:
+                _emit_ll_band(e, spec, geo, j)
+            Qj = analysis_plan(K, TS >> j, NT)
+            if Qj:
+                _emit_tile_strips(e, spec, geo, j, Qj)
+            else:
+                _emit_tile_singles(e, spec, geo, j)
+            e("cuda.syncthreads()")
+        for j in range(L, 1, -1):
+            _emit_tile_synthesis(e, spec, geo, j)
+            e("cuda.syncthreads()")
+        _emit_tile_output(e, spec, geo)
+    return e.text()
+
+
+def _grid_index(geo: TileGeometry, i: int, row: str, col: str) -> str:
+    """Shared index of local element ``(row, col)`` of grid ``i`` (polyphase)."""
+    return (f"{geo.grids[i]} + (({row}) & 1) * {2 * geo.phase(i)} + (({col}) & 1) * "
+            f"{geo.phase(i)} + (({row}) >> 1) * {geo.pitch(i)} + (({col}) >> 1)")
+
+
+def _emit_tile_load(e: _Emitter, spec: TileSpec, geo: TileGeometry) -> None:
+    """Grid 0: the ``N_0 x N_0`` pixels of ``x`` around the tile, zeros outside the image.
+
+    Each thread computes the positions of ``TILE_LOAD_UNROLL`` elements, issues
+    their loads, then stores them, so one memory latency covers several.
+    """
+    N0, H0, NT, U = geo.edges[0], geo.halos[0], spec.threads, TILE_LOAD_UNROLL
+    e(f"gy0 = oy - {H0}", f"gx0 = ox - {H0}", "xbase = plane * H * W",
+      f"ncols = int64({N0})",
+      "# (ly, lx) of element i, stepped by the block size (see _DivmodLoop)")
+    _DivmodLoop.setup(e, "tid", NT, "ncols", "ly", "lx")
+    e(f"for i0 in range(tid, {N0 * N0}, {NT * U}):")
+    with e.indent():
+        for u in range(U):
+            e(f"ly{u} = ly", f"lx{u} = lx")
+            _DivmodLoop.advance(e, "ncols", "ly", "lx")
+        for u in range(U):
+            e(f"gy = gy0 + ly{u}", f"gx = gx0 + lx{u}",
+              f"v{u} = {_load(spec.storage, 'x[xbase + gy * W + gx]')} if (i0 + {u * NT} < "
+              f"{N0 * N0} and gy >= 0 and gy < H and gx >= 0 and gx < W) else fz")
+        for u in range(U):
+            e(f"if i0 + {u * NT} < {N0 * N0}:",
+              f"    S[{_grid_index(geo, 0, f'ly{u}', f'lx{u}')}] = v{u}")
+
+
+def _emit_ll_band(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int) -> None:
+    """LL band ``j`` over grid ``j``'s region, from grid ``j - 1``.
+
+    Grid ``j``'s element ``(a, b)`` is the Haar block at ``(2a, 2b)`` of grid
+    ``j - 1`` (the halos halve exactly), i.e. index ``a * pitch + b`` of its four
+    phase planes.
+    """
+    Nj, NT = geo.edges[j], spec.threads
+    src, ph, pitch = geo.grids[j - 1], geo.phase(j - 1), geo.pitch(j - 1)
+    e(f"# LL band {j} over its {Nj} x {Nj} region", f"nll = int64({Nj})")
+    with _DivmodLoop(e, "it", "tid", str(Nj * Nj), NT, "nll", "a", "b"):
+        e(f"p = {src} + a * {pitch} + b",
+          f"S[{_grid_index(geo, j, 'a', 'b')}] = "
+          f"f05 * ((S[p] + S[p + {ph}]) + (S[p + {2 * ph}] + S[p + {3 * ph}]))")
+
+
+def _emit_tile_strips(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int, Q: int) -> None:
+    """Level ``j``'s four convolved subbands, ``Q`` coefficient rows of one column per item.
+
+    As the plane kernel's strip items: for each tap column the ``Q + K - 1``
+    Haar blocks of that column are formed once and feed every (row, tap row)
+    pair they belong to. Grid ``j - 1``'s phase row of coefficient row ``q`` is
+    ``q + H_{j-1} / 2``; the taps reach ``P`` rows and columns either side.
+    """
+    K, NT = spec.kernel_size, spec.threads
+    P, K2 = (K - 1) // 2, K * K
+    n = spec.tile >> j
+    off = geo.halos[j - 1] // 2 - P
+    src, ph, pitch = geo.grids[j - 1], geo.phase(j - 1), geo.pitch(j - 1)
+    zo = geo.z[j - 1]
+    wb = K2 + (j - 1) * 4 * K2
+    e(f"# level {j}: {n} x {n} coefficients, strips of {Q} rows")
+    e(f"for it in range(tid, {(n // Q) * n}, {NT}):")
+    with e.indent():
+        e(f"qx = it % {n}", f"qy0 = (it // {n}) * {Q}",
+          f"base = {src} + (qy0 + {off}) * {pitch} + qx + {off}")
+        for k in range(4):
+            e(", ".join(f"acc{k}_{i}" for i in range(Q)) + " = "
+              + ", ".join("fz" for _ in range(Q)))
+        e(f"for dx in range({K}):")
+        with e.indent():
+            e(f"wr = {wb} + dx", "col = base + dx")
+            for k in range(4):
+                for dy in range(K):
+                    e(f"w{k}_{dy} = S[wr + {k * K2 + dy * K}]")
+            for r in range(Q + K - 1):
+                _butterfly(e, "u", "", f"col + {r * pitch}", str(ph))
+                for i in range(Q):
+                    dy = r - i
+                    if 0 <= dy < K:
+                        for k in range(4):
+                            e(f"acc{k}_{i} += w{k}_{dy} * u{k}_")
+        for i in range(Q):
+            e(f"zq = {zo} + (qy0 + {i}) * {n} + qx")
+            for k in range(4):
+                e(f"S[zq + {k * n * n}] = acc{k}_{i}")
+
+
+def _emit_tile_singles(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int) -> None:
+    """Level ``j``'s subbands, one (subband, coefficient) per item: for coarse levels."""
+    K, NT = spec.kernel_size, spec.threads
+    P, K2 = (K - 1) // 2, K * K
+    n = spec.tile >> j
+    off = geo.halos[j - 1] // 2 - P
+    src, ph, pitch = geo.grids[j - 1], geo.phase(j - 1), geo.pitch(j - 1)
+    zo = geo.z[j - 1]
+    wb = K2 + (j - 1) * 4 * K2
+    band = f"(S[p] + s1 * S[p + {ph}]) + s2 * (S[p + {2 * ph}] + s1 * S[p + {3 * ph}])"
+    e(f"# level {j}: {n} x {n} coefficients, one subband of one coefficient per item",
+      f"for it in range(tid, {4 * n * n}, {NT}):")
+    with e.indent():
+        e("k = it & 3", "q = it >> 2",
+          "# subband k of the butterfly (a, b, c, d): (a + s1 b) + s2 (c + s1 d)",
+          "s1 = float32(1 - 2 * (k >> 1))", "s2 = float32(1 - 2 * (k & 1))",
+          f"qx = q % {n}", f"qy = q // {n}",
+          f"base = {src} + (qy + {off}) * {pitch} + qx + {off}",
+          f"wk = {wb} + k * {K2}", "acc = fz",
+          f"for dx in range({K}):")
+        with e.indent():
+            for dy in range(K):
+                e(f"p = base + {dy * pitch} + dx", f"acc += S[wk + {dy * K} + dx] * ({band})")
+        e(f"S[{zo} + k * {n * n} + q] = acc")
+
+
+def _emit_tile_synthesis(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int) -> None:
+    """Level ``j``'s synthesis added into level ``j - 1``'s LL band (``j >= 2``)."""
+    n, NT = spec.tile >> j, spec.threads
+    zo, zp = geo.z[j - 1], geo.z[j - 2]
+    m = 2 * n
+    e(f"# level {j} synthesis into level {j - 1}'s LL band",
+      f"for it in range(tid, {n * n}, {NT}):")
+    with e.indent():
+        e(f"qx = it % {n}", f"qy = it // {n}", f"z = {zo} + it",
+          f"_s = S[z] + S[z + {n * n}]", f"_m = S[z] - S[z + {n * n}]",
+          f"_t = S[z + {2 * n * n}] + S[z + {3 * n * n}]",
+          f"_n = S[z + {2 * n * n}] - S[z + {3 * n * n}]",
+          f"t = {zp} + 2 * qy * {m} + 2 * qx",
+          "S[t] += f05 * (_s + _t)", "S[t + 1] += f05 * (_s - _t)",
+          f"S[t + {m}] += f05 * (_m + _n)", f"S[t + {m + 1}] += f05 * (_m - _n)")
+
+
+def _emit_tile_output(e: _Emitter, spec: TileSpec, geo: TileGeometry) -> None:
+    """Base convolution, level-1 synthesis and bias of the tile's pixels; store those in the image.
+
+    An item is ``Q`` level-1 coefficient rows of one column: the ``2Q x 2``
+    pixels they cover. The base convolution walks the input columns of that
+    window; the outermost two feed one output column each and are peeled, so
+    no tap meets a pixel outside its output's window (a NaN stays where it
+    belongs), as in the plane kernel.
+    """
+    K, L, NT, Q, TS = spec.kernel_size, spec.levels, spec.threads, spec.strip, spec.tile
+    P = (K - 1) // 2
+    n1 = TS // 2
+    H0, pitch0, ph0 = geo.halos[0], geo.pitch(0), geo.phase(0)
+    rows = list(range(2 * Q))
+    bias = K * K + 4 * K * K * L
+    e("# output: base convolution + level-1 synthesis + bias",
+      f"bias = S[{bias}]", "obase = plane * H * W")
+    e(f"for it in range(tid, {(n1 // Q) * n1}, {NT}):")
+    with e.indent():
+        e(f"qx = it % {n1}", f"qy0 = (it // {n1}) * {Q}",
+          f"rowbase = {geo.grids[0]} + (qy0 + {H0 // 2}) * {pitch0} + qx + {H0 // 2}")
+        e(", ".join(f"acc{o}_{ex}" for o in rows for ex in (0, 1)) + " = "
+          + ", ".join("fz" for _ in rows for _ in (0, 1)))
+
+        def column(u: str, used) -> None:
+            # input column 2*qx + u feeds output column 2*qx + ex through tap column u - ex + P
+            e(f"colbase = rowbase + (({u}) & 1) * {ph0} + (({u}) >> 1)", f"wu = ({u}) + {P}")
+            for ex in used:
+                for dy in range(K):
+                    e(f"w{ex}_{dy} = S[wu + {dy * K - ex}]")
+            for t in range(-P, 2 * Q + P):
+                e(f"v = S[colbase + {(t & 1) * 2 * ph0 + (t >> 1) * pitch0}]")
+                for o in rows:
+                    dy = t - o + P
+                    if 0 <= dy < K:
+                        for ex in used:
+                            e(f"acc{o}_{ex} += w{ex}_{dy} * v")
+
+        column(f"{-P}", (0,))
+        e(f"for u in range({-P + 1}, {P + 1}):")
+        with e.indent():
+            column("u", (0, 1))
+        column(f"{P + 1}", (1,))
+        for i in range(Q):
+            e(f"qy = qy0 + {i}")
+            if L > 0:
+                zq = f"{geo.z[0]} + qy * {n1} + qx"
+                e(f"_s = S[{zq}] + S[{zq} + {n1 * n1}]", f"_m = S[{zq}] - S[{zq} + {n1 * n1}]",
+                  f"_t = S[{zq} + {2 * n1 * n1}] + S[{zq} + {3 * n1 * n1}]",
+                  f"_n = S[{zq} + {2 * n1 * n1}] - S[{zq} + {3 * n1 * n1}]",
+                  "r00 = f05 * (_s + _t)", "r01 = f05 * (_s - _t)",
+                  "r10 = f05 * (_m + _n)", "r11 = f05 * (_m - _n)")
+            else:
+                e("r00 = r01 = r10 = r11 = fz")
+            for ey in (0, 1):
+                e(f"py = oy + 2 * qy + {ey}")
+                for ex in (0, 1):
+                    e(f"px = ox + 2 * qx + {ex}", "if py < H and px < W:")
+                    with e.indent():
+                        _store(e, spec.storage, "y[obase + py * W + px]",
+                               f"acc{2 * i + ey}_{ex} + bias + r{ey}{ex}")
