@@ -10,7 +10,7 @@ tests' job; this script only checks that the tiled output is finite and close
 to the plane kernel's.
 
     python benchmarks/tile_bench.py --json tile_bench.json
-    python benchmarks/tile_bench.py --variants 64:256:4:128 64:256:4:64 32:128:2:0
+    python benchmarks/tile_bench.py --variants 64:256:4:128 64:128:4:128:8 32:128:2:0
 """
 
 from __future__ import annotations
@@ -51,17 +51,36 @@ def copy_bandwidth(nbytes=1 << 30, repeats=20):
 
 
 def parse_variant(text):
-    """``TS:THREADS:STRIP:REGS`` -> Tuning with tiles forced on."""
-    ts, threads, strip, regs = (int(v) for v in text.split(":"))
-    return Tuning(threads=threads, strip=strip, max_registers=regs, tiles=True, tile=ts)
+    """``TS:THREADS:STRIP:REGS[:ASTRIP]`` -> (Tuning with tiles forced on, analysis strip)."""
+    values = [int(v) for v in text.split(":")]
+    ts, threads, strip, regs = values[:4]
+    astrip = values[4] if len(values) > 4 else None
+    return Tuning(threads=threads, strip=strip, max_registers=regs, tiles=True, tile=ts), astrip
+
+
+def tile_plan(problem, backend, variant):
+    """The tile launch of ``variant`` (Tuning, analysis strip) or None."""
+    tuning, astrip = variant
+    plan = plan_tiles(problem, backend.shared_limit, tuning)
+    if plan is not None and astrip:
+        plan = plan._replace(spec=plan.spec._replace(analysis_strip=astrip))
+    return plan
+
+
+def launch_tiles(backend, plan, problem, x, y, weights):
+    """One tiled forward, launched as ``run_forward`` would (any spec)."""
+    scalars = (problem.height, problem.width, problem.channels, int(problem.has_bias),
+               plan.tiles_x, plan.ntiles)
+    backend.call(backend.kernel(plan.spec), plan.grid, plan.block,
+                 (x, y, *weights, *(np.int64(v) for v in scalars)), plan.shared_bytes)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default=None)
     parser.add_argument("--storage", nargs="+", default=["float32"])
-    parser.add_argument("--variants", nargs="+", default=["64:256:4:128"],
-                        metavar="TS:THREADS:STRIP:REGS")
+    parser.add_argument("--variants", nargs="+", default=["64:128:4:128"],
+                        metavar="TS:THREADS:STRIP:REGS[:ASTRIP]")
     parser.add_argument("--levels", type=int, nargs="+", default=None)
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--no-plane", action="store_true", help="skip the plane kernel")
@@ -70,8 +89,8 @@ def main():
     backend = CupyBackend()
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
-    tunings = {v: parse_variant(v) for v in args.variants}
-    tunings["auto"] = Tuning()
+    variants = {v: parse_variant(v) for v in args.variants}
+    variants["auto"] = (Tuning(), None)
     configs = [c for c in paper_grid() if args.levels is None or c.levels in args.levels]
 
     specs = set()
@@ -82,8 +101,8 @@ def main():
             if not args.no_plane:
                 specs.add(plan_plane(problem, False, backend.shared_limit, backend.max_slots,
                                      Tuning(tiles=False)).spec)
-            for tuning in tunings.values():
-                plan = plan_tiles(problem, backend.shared_limit, tuning)
+            for variant in variants.values():
+                plan = tile_plan(problem, backend, variant)
                 if plan is not None:
                     specs.add(plan.spec)
     cc = parse_compute_capability(cupy.cuda.Device().compute_capability)
@@ -109,13 +128,17 @@ def main():
             nbytes = 2 * xs[0].size * ITEMSIZE[storage]
             row = {"config": f"{b}x{c}x{h}x{w} L{L} K{k}", "storage": storage, "ms": {},
                    "roofline": {}}
-            runs = [] if args.no_plane else [("plane", Tuning(tiles=False))]
-            runs += [(name, t) for name, t in tunings.items()
-                     if plan_tiles(problem, backend.shared_limit, t) is not None]
+            runs = [] if args.no_plane else [("plane", None)]
+            runs += [(name, plan) for name, plan in
+                     ((n, tile_plan(problem, backend, v)) for n, v in variants.items())
+                     if plan is not None]
             reference = None
-            for name, tuning in runs:
-                def forward(i, tuning=tuning):
-                    run_forward(backend, problem, xs[i], y, weights, tuning)
+            for name, plan in runs:
+                def forward(i, plan=plan):
+                    if plan is None:
+                        run_forward(backend, problem, xs[i], y, weights, Tuning(tiles=False))
+                    else:
+                        launch_tiles(backend, plan, problem, xs[i], y, weights)
                 ms = time_median(forward, [(i,) for i in range(3)], CupyEventTimer(cupy), 30,
                                  3).median_ms
                 row["ms"][name] = round(ms, 4)
@@ -128,13 +151,16 @@ def main():
                 else:
                     diff = float(cupy.linalg.norm(out - reference) / cupy.linalg.norm(reference))
                     row.setdefault("diff_vs_first", {})[name] = diff
+                    row.setdefault("bitwise_equal_first", {})[name] = bool(
+                        cupy.array_equal(out, reference))
             plan = plan_tiles(problem, backend.shared_limit, Tuning())
             row["auto_plan"] = repr(plan.spec) if plan else "plane"
             rows.append(row)
             cells = "  ".join(f"{n} {row['ms'][n]:.3f} ms ({100 * row['roofline'][n]:.1f}%)"
                               for n in row["ms"])
-            print(f"{row['config']:24s} {storage:8s} {cells}  {row.get('diff_vs_first', '')}",
-                  flush=True)
+            same = row.get("bitwise_equal_first", {})
+            print(f"{row['config']:24s} {storage:8s} {cells}  bitwise equal to the first: "
+                  f"{sum(same.values())}/{len(same)}", flush=True)
             del xs, y, weights
             cupy.get_default_memory_pool().free_all_blocks()
 

@@ -301,4 +301,22 @@ def test_planner_takes_tiles_for_large_planes(shape, levels, stride, tuning, til
     plan = plan_tiles(problem, 227 * 1024 - 1024, tuning)
     assert (plan is not None) == tiled
     if tiled:
-        assert plan.spec.tile == 64 and plan.block == 256
+        assert plan.spec.tile == 64 and plan.block == 128
+
+
+def test_tiled_forward_with_eight_row_strips(rng):
+    """Level analysis in strips of 8 rows (TileSpec.analysis_strip), launched directly."""
+    from wtconv_cuda.kernels.tiles import TileSpec
+    shape, levels, k = (1, 1, 20, 33), 1, 3
+    x = rng.standard_normal(shape).astype(np.float32)
+    wts = random_weights(rng, 1, k, levels, dtype=np.float32)
+    problem = Problem(*shape, k, levels, 1, "float32", True)
+    plan = plan_tiles(problem, 227 * 1024, Tuning(tiles=True, tile=32, threads=32))
+    spec = plan.spec._replace(analysis_strip=8)
+    assert analysis_plan(k, 16, 32, 8) == 8
+    backend = SimulatorBackend()
+    y = np.full(shape, np.nan, np.float32)
+    args = (x, y, *Weights(*wts), 20, 33, 1, 1, plan.tiles_x, plan.ntiles)
+    backend.call(backend.kernel(spec), plan.grid, plan.block, args, plan.shared_bytes)
+    want = reference.forward(x, wts, levels, 1)
+    assert np.linalg.norm(y - want) / np.linalg.norm(want) < DTYPES["float32"][1]

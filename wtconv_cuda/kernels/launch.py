@@ -435,7 +435,7 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
 
 #: Tile kernel defaults: output tile edge and threads per block.
 TILE_EDGE = 64
-TILE_THREADS = 256
+TILE_THREADS = 128
 #: Most pixels of ``x`` a tile may load per output pixel (the halo's cost).
 TILE_MAX_READ = 2.3
 #: Smallest plane, in pixels, that the tiles take by default when the plane

@@ -48,10 +48,6 @@ from .codegen import (
     STORAGE, _butterfly, _DivmodLoop, _Emitter, _emit_fold_weights, _load, _store,
 )
 
-#: Loads each thread issues before its first shared-memory store.
-TILE_LOAD_UNROLL = 8
-
-
 class TileSpec(NamedTuple):
     """Compile-time parameters of one ``wtconv_tile`` variant.
 
@@ -71,6 +67,9 @@ class TileSpec(NamedTuple):
         Level-1 coefficient rows per thread in the output phase (``Q``).
     max_registers : int
         Register cap handed to ptxas (``.maxnreg``); 0 leaves it free.
+    analysis_strip : int
+        Most coefficient rows of a strip item in the levels' analysis (a
+        power of two; see :func:`analysis_plan`).
     """
 
     kernel_size: int
@@ -80,6 +79,7 @@ class TileSpec(NamedTuple):
     threads: int = 256
     strip: int = 4
     max_registers: int = 0
+    analysis_strip: int = 4
 
     @property
     def backward(self) -> bool:
@@ -181,7 +181,7 @@ def _single_cost(K: int) -> int:
     return 9 * K * K
 
 
-def analysis_plan(kernel_size: int, coefficients: int, threads: int) -> int:
+def analysis_plan(kernel_size: int, coefficients: int, threads: int, max_strip: int = 4) -> int:
     """Work decomposition of one level's subband convolutions in a tile.
 
     Parameters
@@ -192,22 +192,27 @@ def analysis_plan(kernel_size: int, coefficients: int, threads: int) -> int:
         The level's tile edge ``TS_j`` (``TS_j**2`` coefficients).
     threads : int
         Threads per block.
+    max_strip : int, default 4
+        Most rows per strip item (a power of two).
 
     Returns
     -------
     int
-        Rows per strip item (4, 2 or 1), or 0 for single items (one subband
+        Rows per strip item (a power of two up to ``max_strip``), or 0 for single items (one subband
         of one coefficient each): whichever takes the fewest serial
         instructions, rounds of ``threads`` items times an item's cost.
     """
     K, n = kernel_size, coefficients
     best, best_cost = 0, -(-(4 * n * n) // threads) * _single_cost(K)
-    for Q in (4, 2, 1):
+    Q = max_strip
+    while Q >= 1:
         if n % Q:
+            Q //= 2
             continue
         cost = -(-((n // Q) * n) // threads) * _strip_cost(K, Q)
         if cost < best_cost:
             best, best_cost = Q, cost
+        Q //= 2
     return best
 
 
@@ -274,7 +279,7 @@ def tile_kernel_source(spec: TileSpec) -> str:
         for j in range(1, L + 1):
             if j < L:
                 _emit_ll_band(e, spec, geo, j)
-            Qj = analysis_plan(K, TS >> j, NT)
+            Qj = analysis_plan(K, TS >> j, NT, spec.analysis_strip)
             if Qj:
                 _emit_tile_strips(e, spec, geo, j, Qj)
             else:
@@ -296,26 +301,41 @@ def _grid_index(geo: TileGeometry, i: int, row: str, col: str) -> str:
 def _emit_tile_load(e: _Emitter, spec: TileSpec, geo: TileGeometry) -> None:
     """Grid 0: the ``N_0 x N_0`` pixels of ``x`` around the tile, zeros outside the image.
 
-    Each thread computes the positions of ``TILE_LOAD_UNROLL`` elements, issues
-    their loads, then stores them, so one memory latency covers several.
+    Warp ``w`` takes the row pairs ``w, w + warps, ...``; its lanes take the
+    columns ``lane + 32 m``. Which columns lie in the image, and where a
+    column lands in the phase planes, is worked out once per thread; a row
+    pair's ``2 ceil(N_0 / 32)`` loads are all issued before its stores, so
+    one memory latency covers them.
     """
-    N0, H0, NT, U = geo.edges[0], geo.halos[0], spec.threads, TILE_LOAD_UNROLL
-    e(f"gy0 = oy - {H0}", f"gx0 = ox - {H0}", "xbase = plane * H * W",
-      f"ncols = int64({N0})",
-      "# (ly, lx) of element i, stepped by the block size (see _DivmodLoop)")
-    _DivmodLoop.setup(e, "tid", NT, "ncols", "ly", "lx")
-    e(f"for i0 in range(tid, {N0 * N0}, {NT * U}):")
+    N0, H0, NT = geo.edges[0], geo.halos[0], spec.threads
+    ph, pitch = geo.phase(0), geo.pitch(0)
+    chunks = -(-N0 // 32)
+    e(f"gy0 = oy - {H0}", "xbase = plane * H * W",
+      "lane = tid & 31",
+      f"gxl = ox - {H0} + lane",
+      f"scol = {geo.grids[0]} + (lane & 1) * {ph} + (lane >> 1)")
+    for m in range(chunks):
+        inside = f" and lane < {N0 - 32 * m}" if 32 * (m + 1) > N0 else ""
+        e(f"col{m} = gxl >= {-32 * m} and gxl < W - {32 * m}{inside}")
+        if inside:
+            e(f"keep{m} = lane < {N0 - 32 * m}")
+    e(f"for pr in range(tid >> 5, {N0 // 2}, {NT // 32}):")
     with e.indent():
-        for u in range(U):
-            e(f"ly{u} = ly", f"lx{u} = lx")
-            _DivmodLoop.advance(e, "ncols", "ly", "lx")
-        for u in range(U):
-            e(f"gy = gy0 + ly{u}", f"gx = gx0 + lx{u}",
-              f"v{u} = {_load(spec.storage, 'x[xbase + gy * W + gx]')} if (i0 + {u * NT} < "
-              f"{N0 * N0} and gy >= 0 and gy < H and gx >= 0 and gx < W) else fz")
-        for u in range(U):
-            e(f"if i0 + {u * NT} < {N0 * N0}:",
-              f"    S[{_grid_index(geo, 0, f'ly{u}', f'lx{u}')}] = v{u}")
+        for r in (0, 1):
+            e(f"ry{r} = gy0 + 2 * pr + {r}", f"row{r} = ry{r} >= 0 and ry{r} < H",
+              f"gp{r} = xbase + ry{r} * W + gxl")
+        for r in (0, 1):
+            for m in range(chunks):
+                e(f"v{r}_{m} = {_load(spec.storage, f'x[gp{r} + {32 * m}]')} "
+                  f"if row{r} and col{m} else fz")
+        e(f"sp = scol + pr * {pitch}")
+        for r in (0, 1):
+            for m in range(chunks):
+                target = f"S[sp + {r * 2 * ph + 16 * m}] = v{r}_{m}"
+                if 32 * (m + 1) > N0:
+                    e(f"if keep{m}:", f"    {target}")
+                else:
+                    e(target)
 
 
 def _emit_ll_band(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int) -> None:
