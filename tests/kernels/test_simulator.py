@@ -230,15 +230,18 @@ TILE_CASES = [
     ((1, 2, 12, 9), 3, 3, 8, 32, 2, "float16", True),
     ((1, 1, 17, 8), 2, 1, 4, 32, 1, "float32", True),
     ((1, 1, 18, 30), 2, 3, 16, 64, 1, "float32", True),
+    ((1, 1, 40, 35), 1, 3, 32, 64, 2, "float32", True),
     ((1, 1, 10, 13), 1, 5, 8, 32, 4, "float32", False),
 ]
 
 
 def test_tile_cases_cover_every_level_decomposition():
-    plans = {analysis_plan(k, tile >> j, threads)
+    from wtconv_cuda.kernels.tiles import TileSpec
+    max_strip = TileSpec._field_defaults["analysis_strip"]
+    plans = {analysis_plan(k, tile >> j, threads, max_strip)
              for _, levels, k, tile, threads, _, _, _ in TILE_CASES
              for j in range(1, levels + 1)}
-    assert plans == {0, 1, 2, 4}
+    assert plans == {0, 1, 2, 4, 8}
 
 
 @pytest.mark.parametrize("shape,levels,k,tile,threads,strip,storage,bias", TILE_CASES)

@@ -69,7 +69,8 @@ class TileSpec(NamedTuple):
         Register cap handed to ptxas (``.maxnreg``); 0 leaves it free.
     analysis_strip : int
         Most coefficient rows of a strip item in the levels' analysis (a
-        power of two; see :func:`analysis_plan`).
+        power of two; see :func:`analysis_plan`). 8 is 4-5% faster than 4
+        at the paper's shapes on an H200 (``benchmarks/tile_bench.py``).
     """
 
     kernel_size: int
@@ -79,7 +80,7 @@ class TileSpec(NamedTuple):
     threads: int = 256
     strip: int = 4
     max_registers: int = 0
-    analysis_strip: int = 4
+    analysis_strip: int = 8
 
     @property
     def backward(self) -> bool:
