@@ -87,16 +87,27 @@ def select_channels(w: WTConvWeights, chans) -> WTConvWeights:
                          w.base_scale[chans], w.wavelet_weight[:, chans], w.wavelet_scale[:, chans])
 
 
-def check_forward(shape, levels, k, storage, tuning, bias=True):
-    """Forward only (stride 1) against the oracle on sampled channels; returns the output."""
-    b, c, h, w = shape
-    rng = np.random.default_rng(zlib.crc32(repr((shape, levels, k, storage, "fwd")).encode()))
+def random_inputs(rng, shape, levels, k, storage, bias):
+    """``x`` and the parameters, rounded to ``storage``: (x_dev, x, wts, wdev, dev).
+
+    ``x`` and ``wts`` are the rounded float64 host copies (the oracle's inputs),
+    ``wdev`` the kernels' :class:`Weights` and ``dev`` the five device arrays.
+    """
+    c = shape[1]
     x_dev, x = to_device(rng.standard_normal(shape), storage)
     params = [rng.uniform(-1, 1, (c, k, k)), rng.uniform(-1, 1, c), rng.uniform(0.5, 1.5, c),
               rng.uniform(-1, 1, (levels, c, 4, k, k)), rng.uniform(-0.5, 0.5, (levels, c, 4))]
     dev, host = zip(*(to_device(p, storage) for p in params))
     wts = WTConvWeights(host[0], host[1] if bias else None, *host[2:])
     wdev = Weights(dev[0], dev[1] if bias else dev[2], *dev[2:])
+    return x_dev, x, wts, wdev, dev
+
+
+def check_forward(shape, levels, k, storage, tuning, bias=True):
+    """Forward only (stride 1) against the oracle on sampled channels; returns the output."""
+    b, c, h, w = shape
+    rng = np.random.default_rng(zlib.crc32(repr((shape, levels, k, storage, "fwd")).encode()))
+    x_dev, x, wts, wdev, _ = random_inputs(rng, shape, levels, k, storage, bias)
     x_before = x_dev.copy()
     y_dev = poisoned(shape, storage)
     run_forward(backend(), Problem(b, c, h, w, k, levels, 1, storage, bias), x_dev, y_dev, wdev,
@@ -114,12 +125,7 @@ def run_case(shape, levels, k, stride, storage, bias=True, seed=0, tuning=Tuning
     b, c, h, w = shape
     rng = np.random.default_rng(zlib.crc32(repr((shape, levels, k, stride, storage, seed)).encode()))
     _, tol = DTYPES[storage]
-    x_dev, x = to_device(rng.standard_normal(shape), storage)
-    params = [rng.uniform(-1, 1, (c, k, k)), rng.uniform(-1, 1, c), rng.uniform(0.5, 1.5, c),
-              rng.uniform(-1, 1, (levels, c, 4, k, k)), rng.uniform(-0.5, 0.5, (levels, c, 4))]
-    dev, host = zip(*(to_device(p, storage) for p in params))
-    wts = WTConvWeights(host[0], host[1] if bias else None, *host[2:])
-    wdev = Weights(dev[0], dev[1] if bias else dev[2], *dev[2:])
+    x_dev, x, wts, wdev, dev = random_inputs(rng, shape, levels, k, storage, bias)
     problem = Problem(b, c, h, w, k, levels, stride, storage, bias)
     ho, wo = -(-h // stride), -(-w // stride)
     dy_dev, dy = to_device(rng.standard_normal((b, c, ho, wo)), storage)
@@ -205,6 +211,21 @@ def test_tiled_forward_is_the_default_for_large_planes(storage):
     tiled = check_forward(shape, levels, 5, storage, Tuning())
     plane = check_forward(shape, levels, 5, storage, Tuning(tiles=False))
     assert bool(cupy.array_equal(tiled, plane))
+
+
+#: The tiled backward, forced (the planner does not take it yet): dx and every
+#: weight gradient against the oracle, two runs bit for bit, partial edge tiles.
+TILE_BACKWARD_CASES = [((2, 3, 130, 67), L, k, 64) for L in (0, 1, 3) for k in KERNEL_SIZES]
+TILE_BACKWARD_CASES += [((3, 2, 70, 51), 2, k, 32) for k in KERNEL_SIZES]
+
+
+@pytest.mark.parametrize("storage", list(DTYPES))
+@pytest.mark.parametrize("shape,levels,k,tile", TILE_BACKWARD_CASES)
+def test_tiled_backward_matches_oracle(shape, levels, k, tile, storage):
+    tuning = Tuning(tiles=True, tile=tile)
+    problem = Problem(*shape, k, levels, 1, storage, True)
+    assert plan_tiles(problem, backend().shared_limit, tuning, backward=True) is not None
+    run_case(shape, levels, k, 1, storage, tuning=tuning)
 
 
 #: Backward work units of several batch entries: ragged last units (B not a

@@ -99,10 +99,10 @@ def test_warmup_compiles_both_finalize_choices_of_each_backward():
         {s for s in backward if not s.fused_finalize}
 
 
-TILE_SPECS = [TileSpec(k, storage, levels, tile, threads, strip)
-              for k, storage, levels, (tile, threads, strip)
+TILE_SPECS = [TileSpec(k, storage, levels, tile, threads, strip, backward=backward)
+              for k, storage, levels, (tile, threads, strip), backward
               in itertools.product((1, 3, 5), ("float32", "bfloat16"), (0, 1, 3),
-                                   ((8, 32, 2), (64, 256, 4), (32, 64, 1)))]
+                                   ((8, 32, 2), (64, 256, 4), (32, 64, 1)), (False, True))]
 
 
 @pytest.mark.parametrize("spec", TILE_SPECS, ids=repr)
@@ -125,6 +125,12 @@ def test_tile_geometry_halos_and_layout():
     assert geo.read_amplification == (96 / 64) ** 2
     assert tile_geometry(3, 0, 8).halos == (2,)  # P = 1, rounded up to even
     assert tile_geometry(5, 1, 64).edges == (72,)
+    # the backward adds x's grids after z, then the reduction area
+    back = tile_geometry(5, 3, 64, backward=True, threads=128)
+    assert back.xgrids == (geo.floats, geo.floats + 96 ** 2, geo.floats + 96 ** 2 + 48 ** 2)
+    assert back.reduce == geo.floats + 96 ** 2 + 48 ** 2 + 24 ** 2
+    # 25 chunks of rows per tap row: base 5 * 25 * 5 + 25 sums, level 1 5 * 25 * 20
+    assert back.floats == back.reduce + max(5 * 25 * 5 + 25, 5 * 25 * 20)
 
 
 @pytest.mark.parametrize("k,levels,tile", [(3, 1, 3), (3, 3, 4), (3, 1, 0), (3, 2, 24)])

@@ -34,6 +34,7 @@ SPECS = textwrap.dedent("""
     specs += [TileSpec(5, storage, levels, 64, 256, 4, 128)
               for storage in STORAGE for levels in (0, 3)]
     specs += [TileSpec(3, "float32", 2, 16, 64, 1, 0)]
+    specs += [TileSpec(5, storage, 2, 64, 128, 4, 128, backward=True) for storage in STORAGE]
     # Backward blocks that write the gradients themselves (fused finalize).
     specs += [PlaneSpec(5, storage, 1, 1, True, scratch, threads, 1, 128, group, sync, True)
               for storage in STORAGE for scratch in (False, True)

@@ -323,3 +323,46 @@ def test_tiled_forward_with_eight_row_strips(rng):
     backend.call(backend.kernel(spec), plan.grid, plan.block, args, plan.shared_bytes)
     want = reference.forward(x, wts, levels, 1)
     assert np.linalg.norm(y - want) / np.linalg.norm(want) < DTYPES["float32"][1]
+
+
+#: Tiled backwards (forced: the planner does not take them yet), forward and backward
+#: on tiles: partial edge tiles, L = 0..3, K 1, 3, 5, float16, no bias.
+TILE_BACKWARD_CASES = [
+    ((1, 2, 13, 11), 2, 3, Tuning(tiles=True, tile=8, threads=32, strip=2), "float32", True),
+    ((2, 1, 10, 13), 1, 5, Tuning(tiles=True, tile=8, threads=32, strip=4), "float32", True),
+    ((1, 1, 9, 16), 0, 3, Tuning(tiles=True, tile=8, threads=32, strip=2), "float32", False),
+    ((1, 2, 12, 9), 3, 3, Tuning(tiles=True, tile=8, threads=32, strip=2), "float16", True),
+    ((3, 1, 18, 30), 2, 1, Tuning(tiles=True, tile=16, threads=64, strip=1), "float32", True),
+]
+
+
+@pytest.mark.parametrize("shape,levels,k,tuning,storage,bias", TILE_BACKWARD_CASES)
+def test_tiled_backward_matches_oracle(rng, shape, levels, k, tuning, storage, bias):
+    problem = Problem(*shape, k, levels, 1, storage, bias)
+    plan = plan_tiles(problem, 227 * 1024, tuning, backward=True)
+    assert plan is not None and plan.spec.backward
+    assert plan.finalize_dims[-1] == shape[0] * plan.ntiles  # one partial per tile
+    errors = run_layer(rng, shape, levels, k, 1, storage, bias=bias, tuning=tuning)
+    assert_close(errors, DTYPES[storage][1])
+
+
+def test_tiled_backward_buffers_match_requests(rng):
+    shape, levels, k = (2, 2, 12, 17), 1, 3
+    tuning = Tuning(tiles=True, tile=8, threads=32, strip=2)
+    backend = _RecordingBackend()
+    problem = Problem(*shape, k, levels, 1, "float32", True)
+    x = rng.standard_normal(shape).astype(np.float32)
+    weights = Weights(*random_weights(rng, 2, k, levels, dtype=np.float32))
+    grads = Weights(*(np.empty_like(a) for a in weights))
+    run_backward(backend, problem, x, x.copy(), np.empty_like(x), weights, grads, tuning)
+    assert tuple(backend.requests) == work_buffers(problem, True, backend.shared_limit,
+                                                   backend.max_slots, tuning)
+    assert backend.requests == [2 * 2 * 2 * 3 * (9 * 5 + 1)]  # B C tiles_y tiles_x ntaps
+
+
+def test_planner_keeps_the_backward_off_tiles_by_default():
+    """The tiled backward has not been timed on a GPU: only Tuning(tiles=True) takes it."""
+    problem = Problem(8, 64, 512, 512, 5, 1, 1, "float32", True)
+    assert plan_tiles(problem, 227 * 1024 - 1024) is not None
+    assert plan_tiles(problem, 227 * 1024 - 1024, backward=True) is None
+    assert plan_tiles(problem, 227 * 1024 - 1024, Tuning(tiles=True), backward=True) is not None

@@ -2,7 +2,8 @@
 
 * :mod:`.layout` lays out one plane's on-chip working set;
 * :mod:`.codegen` generates the kernels as unrolled scalar code;
-* :mod:`.tiles` generates the tiled forward that large planes take;
+* :mod:`.tiles` generates the tiled kernel that large planes take (forward;
+  the backward variant on request);
 * :mod:`.compiler` compiles them to PTX (cached on disk) and loads them;
 * :mod:`.launch` plans launches and issues them on a GPU (CuPy) or on the
   CUDA simulator;

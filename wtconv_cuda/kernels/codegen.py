@@ -899,19 +899,8 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
             e(f"fy = py + dy - {R}",
               f"grow = sb + src0 + (py & 1) * 2 * sph0 + ((py >> 1) + {R}) * sp0 + {R}",
               f"xrow = sb + xsrc0 + (fy & 1) * 2 * sph0 + ((fy >> 1) + {R}) * sp0 + {R}")
-            for n in range(K - 1):
-                ev = n - R
-                e(f"win_{n} = S[xrow + {ev & 1} * sph0 + {ev >> 1}]")
-            e("for m in range(W >> 1):")
-            with e.indent():
-                for n in (K - 1, K):
-                    ev = n - R
-                    e(f"win_{n} = S[xrow + {ev & 1} * sph0 + m + {ev >> 1}]")
-                e("g0 = S[grow + m]", "g1 = S[grow + sph0 + m]", "gsum += g0 + g1")
-                for dx in range(K):
-                    e(f"acc_{dx} += win_{dx} * g0 + win_{dx + 1} * g1")
-                for n in range(K - 1):
-                    e(f"win_{n} = win_{n + 2}")
+            _emit_pair_window(e, K, lambda ev, m: f"xrow + {ev & 1} * sph0 + {m}{ev >> 1}",
+                              "grow + m", "grow + sph0 + m", "W >> 1")
             e("# odd W: the last pair has no column W; x there must not meet its zero",
               "if (W & 1) != 0:")
             with e.indent():
@@ -952,29 +941,14 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
           "if tid < nit:")
         with e.indent():
             e("dy = tid // P", "ch = tid - dy * P")
-            for k in range(4):
-                e(", ".join(f"acc{k}_{dx}" for dx in range(K)) + " = "
-                  + ", ".join("fz" for _ in range(K)))
+            _emit_level_accumulators(e, K)
             e("qy = ch", "while qy < Hj:")
             with e.indent():
                 e(f"gp = sb + srcp + (qy + {R}) * spp + {R}",
                   "xp = sb + srcp + xshift + (qy + dy) * spp")
-                for m in range(K - 1):
-                    _butterfly(e, "xu", m, f"xp + {m}", "sph")
-                e("for qx in range(Wj):")
-                with e.indent():
-                    _butterfly(e, "xu", K - 1, f"xp + qx + {K - 1}", "sph")
-                    _butterfly(e, "gu", "", "gp + qx", "sph")
-                    for k in range(4):
-                        for dx in range(K):
-                            e(f"acc{k}_{dx} += xu{k}_{dx} * gu{k}_")
-                    for m in range(K - 1):
-                        for k in range(4):
-                            e(f"xu{k}_{m} = xu{k}_{m + 1}")
+                _emit_block_window(e, K, "xp", "gp", "Wj", "sph")
                 e("qy += P")
-            for k in range(4):
-                for dx in range(K):
-                    e(f"S[sb + p_off + (tid * 4 + {k}) * {K} + {dx}] = acc{k}_{dx}")
+            _emit_level_item_sums(e, K, "sb + p_off")
         e("cuda.syncthreads()",
           f"for t in range(tid, {4 * K2}, {T}):")
         with e.indent():
@@ -985,6 +959,65 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
               "if valid:",
               f"    S[sb + w_off + {K2 + 1} + (j - 1) * {4 * K2} + t] += tot")
         e("cuda.syncthreads()")
+
+
+def _emit_level_accumulators(e: _Emitter, K: int) -> None:
+    """Zero ``acc{k}_{dx}``: one level-tap row's sums, four subbands by ``K`` tap columns."""
+    for k in range(4):
+        e(", ".join(f"acc{k}_{dx}" for dx in range(K)) + " = " + ", ".join("fz" for _ in range(K)))
+
+
+def _emit_level_item_sums(e: _Emitter, K: int, base: str) -> None:
+    """Store a work item's ``acc{k}_{dx}`` at ``S[base + (tid * 4 + k) * K + dx]``."""
+    for k in range(4):
+        for dx in range(K):
+            e(f"S[{base} + (tid * 4 + {k}) * {K} + {dx}] = acc{k}_{dx}")
+
+
+def _emit_pair_window(e: _Emitter, K: int, x_at, g0: str, g1: str, pairs: str) -> None:
+    """Base-tap correlations along one row, in column pairs ``(2m, 2m + 1)``.
+
+    Register ``win_n`` holds ``x`` at column ``2m + n - R`` (``n = 0..K``),
+    ``x_at(ev, m)`` is the shared index of ``x`` at column ``2m + ev`` (``m``
+    is ``""`` for ``m = 0`` or ``"m + "``), ``g0`` and ``g1`` those of the
+    row's gradient at ``2m`` and ``2m + 1``. Adds into ``acc_0..acc_{K-1}``
+    (tap columns) and ``gsum``; every loaded ``x`` feeds ``K`` taps. Shared by
+    the plane and tile kernels' weight gradients.
+    """
+    R = (K - 1) // 2
+    for n in range(K - 1):
+        e(f"win_{n} = S[{x_at(n - R, '')}]")
+    e(f"for m in range({pairs}):")
+    with e.indent():
+        for n in (K - 1, K):
+            e(f"win_{n} = S[{x_at(n - R, 'm + ')}]")
+        e(f"g0 = S[{g0}]", f"g1 = S[{g1}]", "gsum += g0 + g1")
+        for dx in range(K):
+            e(f"acc_{dx} += win_{dx} * g0 + win_{dx + 1} * g1")
+        for n in range(K - 1):
+            e(f"win_{n} = win_{n + 2}")
+
+
+def _emit_block_window(e: _Emitter, K: int, xp: str, gp: str, count: str, phase: str) -> None:
+    """Level-tap correlations along one coefficient row, all four subbands.
+
+    A window of ``K`` Haar blocks of ``x`` (``xu{k}_0..xu{k}_{K-1}``, from
+    ``xp + qx``) slides along the row while each gradient block (``gu``, at
+    ``gp + qx``) is formed once; adds into ``acc{k}_{dx}``. Shared by the plane
+    and tile kernels' weight gradients.
+    """
+    for m in range(K - 1):
+        _butterfly(e, "xu", m, f"{xp} + {m}", phase)
+    e(f"for qx in range({count}):")
+    with e.indent():
+        _butterfly(e, "xu", K - 1, f"{xp} + qx + {K - 1}", phase)
+        _butterfly(e, "gu", "", f"{gp} + qx", phase)
+        for k in range(4):
+            for dx in range(K):
+                e(f"acc{k}_{dx} += xu{k}_{dx} * gu{k}_")
+        for m in range(K - 1):
+            for k in range(4):
+                e(f"xu{k}_{m} = xu{k}_{m + 1}")
 
 
 def finalize_kernel_source(spec: FinalizeSpec) -> str:

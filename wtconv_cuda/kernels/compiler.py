@@ -130,19 +130,25 @@ def finalize_signature(storage: str) -> tuple:
     return (types.CPointer(types.float32),) + (st,) * 10 + (types.CPointer(types.int64),)
 
 
-def tile_signature(storage: str) -> tuple:
+def tile_signature(storage: str, backward: bool = False) -> tuple:
     """Argument types of ``wtconv_tile`` (see :mod:`wtconv_cuda.kernels.tiles`).
 
     Parameters
     ----------
     storage : str
         ``"float32"``, ``"float16"`` or ``"bfloat16"`` (passed as ``uint16``).
+    backward : bool, default False
+        The backward variant's arguments instead.
 
     Returns
     -------
     tuple of numba types
-        Pointers to the storage type for ``x, y, w0, b0, s0, ww, ws``, then
-        int64 ``H, W, C, has_bias, tiles_x, ntiles``.
+        Forward: pointers to the storage type for ``x, y, w0, b0, s0, ww,
+        ws``, then int64 ``H, W, C, has_bias, tiles_x, ntiles``. Backward:
+        pointers to the storage type for ``dy, dx, x, w0, b0, s0, ww, ws``
+        (named ``grad_out, grad_in, x, ...`` in the kernel), a
+        float32 pointer for ``part``, then int64 ``H, W, C, has_bias,
+        tiles_x, ntiles, B``.
 
     Raises
     ------
@@ -151,12 +157,15 @@ def tile_signature(storage: str) -> tuple:
     """
     from numba import types
     st = types.CPointer(_storage_type(storage))
+    if backward:
+        return (st,) * 8 + (types.CPointer(types.float32),) + (types.int64,) * 7
     return (st,) * 7 + (types.int64,) * 6
 
 
 def _source_for(spec) -> tuple[str, str, tuple]:
     if isinstance(spec, tiles.TileSpec):
-        return tiles.tile_kernel_source(spec), "wtconv_tile", tile_signature(spec.storage)
+        return (tiles.tile_kernel_source(spec), "wtconv_tile",
+                tile_signature(spec.storage, spec.backward))
     if isinstance(spec, codegen.PlaneSpec):
         source = codegen.plane_kernel_source(spec)  # validates the spec first
         return source, "wtconv_plane", plane_signature(spec.storage, spec.fused_finalize)

@@ -123,10 +123,11 @@ class Tuning(NamedTuple):
         no partials). The default (None or True) fuses whenever the plan
         allows it; False always writes partials and runs ``wtconv_finalize``.
     tiles : bool or None
-        Forward: run the tiled kernel (:mod:`wtconv_cuda.kernels.tiles`)
-        instead of the plane kernel. None lets :func:`plan_tiles` decide; True
-        takes the tiles whenever they can run the problem (stride 1, the
-        buffer in shared memory), however large the halo; False never. With tiles,
+        Run the tiled kernel (:mod:`wtconv_cuda.kernels.tiles`) instead of
+        the plane kernel. None lets :func:`plan_tiles` decide (forwards on
+        large planes; never the backward, not yet timed on a GPU); True takes
+        the tiles, in both passes, whenever they can run the problem (stride
+        1, the buffer in shared memory), however large the halo; False never. With tiles,
         ``threads``, ``strip`` and ``max_registers`` set the tile kernel's
         (defaults `TILE_THREADS`, 4 and `REGISTER_CAP`).
     tile : int or None
@@ -458,6 +459,11 @@ class TileLaunch(NamedTuple):
         Dynamic shared memory per block.
     tiles_x, ntiles : int
         Tiles per row and per plane (kernel arguments).
+    ntaps : int
+        Backward: weight-gradient sums per tile (0 forward).
+    finalize_dims : numpy.ndarray or None
+        Backward: the finalize kernel's read-only ``dims`` table ``(B, C, L,
+        has_bias, B * ntiles)`` (one partial per tile); None forward.
     """
 
     spec: TileSpec
@@ -466,19 +472,29 @@ class TileLaunch(NamedTuple):
     shared_bytes: int
     tiles_x: int
     ntiles: int
+    ntaps: int = 0
+    finalize_dims: np.ndarray | None = None
+
+    @property
+    def partial_floats(self) -> int:
+        """float32 elements of the backward's per-tile partials (0 forward)."""
+        return self.grid * self.ntaps
 
 
 @lru_cache(maxsize=1024)
-def plan_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning()):
-    """The tiled forward's launch for ``problem``, or None where the plane kernel runs it.
+def plan_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
+               backward: bool = False):
+    """The tiled kernel's launch for ``problem``, or None where the plane kernel runs it.
 
-    The tiles can run a forward with stride 1 whose buffer fits in
-    ``shared_limit``. By default (``tuning.tiles`` None) they take such a
-    problem when the halo keeps the pixels a tile loads per output pixel at
+    The tiles can run a pass with stride 1 whose buffer fits in
+    ``shared_limit``. By default (``tuning.tiles`` None) the forward takes
+    them when the halo keeps the pixels a tile loads per output pixel at
     most `TILE_MAX_READ`, two blocks fit in ``shared_limit``, the plane is at
     least one tile each way, and either the plane kernel would need global
-    scratch for it or it has at least `TILE_MIN_PIXELS` pixels.
-    ``tuning.tiles`` True takes every problem they can run, False none.
+    scratch for it or it has at least `TILE_MIN_PIXELS` pixels. The
+    backward takes them only when ``tuning.tiles`` is True: it has not been
+    timed on a GPU yet. ``tuning.tiles`` True takes every problem they can
+    run, False none.
 
     Parameters
     ----------
@@ -489,6 +505,9 @@ def plan_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning()):
     tuning : Tuning, optional
         ``tiles``, ``tile``, ``threads``, ``strip`` and ``max_registers``
         are read.
+    backward : bool, default False
+        Plan the backward (``dx``, then per-tile weight-gradient partials for
+        ``wtconv_finalize``) instead of the forward.
 
     Returns
     -------
@@ -496,12 +515,13 @@ def plan_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning()):
         Shared through the plan cache: do not modify it.
     """
     p = problem
-    if tuning.tiles is False or p.stride != 1:
+    if tuning.tiles is False or p.stride != 1 or (backward and tuning.tiles is not True):
         return None
     edge = tuning.tile or TILE_EDGE
     if edge < 2 ** max(p.levels, 1):
         return None
-    geo = tile_geometry(p.kernel_size, p.levels, edge)
+    threads = tuning.threads or TILE_THREADS
+    geo = tile_geometry(p.kernel_size, p.levels, edge, backward, threads)
     shared_bytes = 4 * geo.floats
     if shared_bytes > shared_limit:
         return None
@@ -514,13 +534,20 @@ def plan_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning()):
             plane = plan_plane(p, False, shared_limit, 1, tuning._replace(tiles=False))
             if not plane.spec.scratch:
                 return None
-    threads = tuning.threads or TILE_THREADS
     strip = tuning.strip or 4
     max_registers = REGISTER_CAP if tuning.max_registers is None else tuning.max_registers
-    spec = TileSpec(p.kernel_size, p.storage, p.levels, edge, threads, strip, max_registers)
+    spec = TileSpec(p.kernel_size, p.storage, p.levels, edge, threads, strip, max_registers,
+                    backward=backward)
     tiles_x, tiles_y = -(-p.width // edge), -(-p.height // edge)
     ntiles = tiles_x * tiles_y
-    return TileLaunch(spec, p.batch * p.channels * ntiles, threads, shared_bytes, tiles_x, ntiles)
+    grid = p.batch * p.channels * ntiles
+    if not backward:
+        return TileLaunch(spec, grid, threads, shared_bytes, tiles_x, ntiles)
+    ntaps = p.kernel_size ** 2 * (1 + 4 * p.levels) + 1
+    dims = np.array([p.batch, p.channels, p.levels, int(p.has_bias), p.batch * ntiles],
+                    dtype=np.int64)
+    dims.setflags(write=False)
+    return TileLaunch(spec, grid, threads, shared_bytes, tiles_x, ntiles, ntaps, dims)
 
 
 class CupyBackend:
@@ -770,11 +797,14 @@ def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots:
     tuple of int
         Element counts: ``(units * ntaps, [scratch])`` backward (see
         :attr:`Launch.partial_floats`; no partials when the plan fuses the
-        finalize),
-        ``([scratch])`` forward (an empty tuple when no scratch is needed).
+        finalize), ``(tiles * ntaps,)`` for a tiled backward
+        (:attr:`TileLaunch.partial_floats`),
+        ``([scratch])`` forward (an empty tuple when no scratch is needed or
+        the forward runs on tiles).
     """
-    if not backward and plan_tiles(problem, shared_limit, tuning) is not None:
-        return ()
+    tiled = plan_tiles(problem, shared_limit, tuning, backward)
+    if tiled is not None:
+        return (tiled.partial_floats,) if backward else ()
     launch = plan_plane(problem, backward, shared_limit, max_slots, tuning)
     sizes = [launch.partial_floats] if backward and not launch.spec.fused_finalize else []
     if launch.scratch_floats:
@@ -837,7 +867,10 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
 
     Two launches (plane kernel, then ``wtconv_finalize`` over the partials),
     or one when a block holds all of its channels' work units
-    (``PlaneSpec.fused_finalize``, see :func:`plan_plane`).
+    (``PlaneSpec.fused_finalize``, see :func:`plan_plane`). Where
+    :func:`plan_tiles` takes the backward (only when ``tuning.tiles`` is True
+    for now), the tiled kernel and then ``wtconv_finalize`` over its per-tile
+    partials.
 
     Parameters
     ----------
@@ -868,6 +901,19 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
     RuntimeError
         `SimulatorBackend` without ``NUMBA_ENABLE_CUDASIM=1``.
     """
+    finalize = FinalizeSpec(problem.kernel_size, problem.storage, FINALIZE_THREADS)
+    tiled = plan_tiles(problem, backend.shared_limit, tuning, backward=True)
+    if tiled is not None:
+        partial = backend.float32(tiled.partial_floats)
+        args = (dy, dx, x, *weights, partial,
+                *_int64s(problem.height, problem.width, problem.channels,
+                         int(problem.has_bias), tiled.tiles_x, tiled.ntiles, problem.batch))
+        backend.call(backend.kernel(tiled.spec), tiled.grid, tiled.block, args,
+                     tiled.shared_bytes)
+        backend.call(backend.kernel(finalize), problem.channels, FINALIZE_THREADS,
+                     (partial, *weights, *grads, backend.table(tiled.finalize_dims)),
+                     4 * tiled.ntaps)
+        return
     launch = plan_plane(problem, True, backend.shared_limit, backend.max_slots, tuning)
     geo = backend.table(launch.geo)
     fused = launch.spec.fused_finalize  # the plane kernel writes the gradients itself
@@ -880,6 +926,6 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
         return
 
     dims = backend.table(launch.finalize_dims)
-    finalize = backend.kernel(FinalizeSpec(problem.kernel_size, problem.storage, FINALIZE_THREADS))
     args = (partial, *weights, *grads, dims)
-    backend.call(finalize, problem.channels, FINALIZE_THREADS, args, 4 * launch.ntaps)
+    backend.call(backend.kernel(finalize), problem.channels, FINALIZE_THREADS, args,
+                 4 * launch.ntaps)

@@ -1,4 +1,4 @@
-"""Tiled forward kernel for large planes: ``wtconv_tile``.
+"""Tiled kernel for large planes: ``wtconv_tile`` (forward, and a backward variant).
 
 The plane kernel (:mod:`.codegen`) keeps a whole plane on chip. A plane too
 large for shared memory falls back to global scratch with one thread group per
@@ -30,9 +30,19 @@ the generated code carries no geometry table. The halo grows as ``2**L``:
 :func:`tile_geometry` reports the read amplification and the planner uses the
 tiles only where it stays small (:func:`wtconv_cuda.kernels.launch.plan_tiles`).
 
+The backward variant (stride 1) runs the same steps on ``dy`` with flipped
+taps and no bias, which writes ``dx``, then loads the tile of ``x`` and its LL
+chain into a second set of grids and sums every tap's correlation over the
+tile into one weight-gradient partial per tile (see
+:func:`_emit_tile_weight_gradients`).
+
 Buffer layout (float32 elements of dynamic shared memory)::
 
     [ folded taps and bias | grid 0 (x) | LL grids 1..L-1 | z_1 | z_2 | ... | z_L ]
+
+and for the backward (grids 0..L-1 hold ``dy`` and its chain)::
+
+    [ ... as above ... | x grid 0 | x LL grids 1..L-1 | reduction area ]
 
 Grids are stored polyphase (four planes, one per row and column parity, as in
 the plane kernel), so the four values of a Haar block share one index and
@@ -45,7 +55,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from .codegen import (
-    STORAGE, _butterfly, _DivmodLoop, _Emitter, _emit_fold_weights, _load, _store,
+    STORAGE, _butterfly, _DivmodLoop, _Emitter, _emit_block_window, _emit_fold_weights,
+    _emit_level_accumulators, _emit_level_item_sums, _emit_pair_window, _load, _store,
 )
 
 class TileSpec(NamedTuple):
@@ -71,6 +82,11 @@ class TileSpec(NamedTuple):
         Most coefficient rows of a strip item in the levels' analysis (a
         power of two; see :func:`analysis_plan`). 8 is 4-5% faster than 4
         at the paper's shapes on an H200 (``benchmarks/tile_bench.py``).
+    backward : bool
+        The backward variant (stride 1): the same pipeline on ``dy`` with
+        flipped taps and no bias writes ``dx``; then the tile of ``x`` and its
+        LL chain are loaded and correlated with ``dy``'s, and the tile's
+        weight-gradient sums go to a partial (see :func:`tile_kernel_source`).
     """
 
     kernel_size: int
@@ -81,11 +97,7 @@ class TileSpec(NamedTuple):
     strip: int = 4
     max_registers: int = 0
     analysis_strip: int = 8
-
-    @property
-    def backward(self) -> bool:
-        """Always False: the tiles run the forward only (the fold-weight emitter asks)."""
-        return False
+    backward: bool = False
 
 
 class TileGeometry(NamedTuple):
@@ -106,6 +118,12 @@ class TileGeometry(NamedTuple):
         Folded taps and bias at the start of the buffer.
     floats : int
         float32 elements of the whole buffer.
+    xgrids : tuple of int
+        Backward only (else empty): offsets of the grids of ``x``, laid out
+        as ``grids`` (the grids above then hold ``dy``).
+    reduce : int
+        Backward only (else 0): offset of the area where the threads'
+        weight-gradient sums meet (:func:`reduce_floats` elements).
     """
 
     halos: tuple
@@ -114,6 +132,8 @@ class TileGeometry(NamedTuple):
     z: tuple
     ntaps: int
     floats: int
+    xgrids: tuple = ()
+    reduce: int = 0
 
     @property
     def read_amplification(self) -> float:
@@ -130,7 +150,31 @@ class TileGeometry(NamedTuple):
         return self.edges[i] // 2
 
 
-def tile_geometry(kernel_size: int, levels: int, tile: int) -> TileGeometry:
+def correlation_chunks(kernel_size: int, rows: int, threads: int) -> int:
+    """Row chunks per tap row of the backward's correlations over ``rows`` rows.
+
+    Work item ``(tap row, chunk)``: ``K`` tap rows times this many chunks, at
+    most ``threads`` items, each chunk taking every so many rows.
+    """
+    return max(1, min(rows, threads // kernel_size))
+
+
+def reduce_floats(kernel_size: int, levels: int, tile: int, threads: int) -> int:
+    """float32 elements the backward's weight-gradient reduction needs.
+
+    The largest of: the base taps' ``K`` sums per item plus one bias sum per
+    chunk, and any level's ``4K`` sums per item.
+    """
+    K = kernel_size
+    n = correlation_chunks(K, tile, threads)
+    need = K * n * K + n
+    for j in range(1, levels + 1):
+        need = max(need, K * correlation_chunks(K, tile >> j, threads) * 4 * K)
+    return need
+
+
+def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = False,
+                  threads: int = 128) -> TileGeometry:
     """Halos, grid sizes and buffer offsets of a tile (see :class:`TileGeometry`).
 
     Parameters
@@ -141,6 +185,10 @@ def tile_geometry(kernel_size: int, levels: int, tile: int) -> TileGeometry:
         Wavelet levels ``L >= 0``.
     tile : int
         Tile edge ``TS``, a power of two and a multiple of ``2**max(L, 1)``.
+    backward : bool, default False
+        Add the backward's grids of ``x`` and its reduction area.
+    threads : int, default 128
+        Threads per block (sizes the backward's reduction area).
 
     Returns
     -------
@@ -170,7 +218,16 @@ def tile_geometry(kernel_size: int, levels: int, tile: int) -> TileGeometry:
     for j in range(1, L + 1):
         z.append(offset)
         offset += 4 * (TS >> j) ** 2
-    return TileGeometry(halos, edges, tuple(grids), tuple(z), ntaps, offset)
+    if not backward:
+        return TileGeometry(halos, edges, tuple(grids), tuple(z), ntaps, offset)
+    xgrids = []
+    for n in edges:
+        xgrids.append(offset)
+        offset += n * n
+    reduce = offset
+    offset += reduce_floats(K, L, TS, threads)
+    return TileGeometry(halos, edges, tuple(grids), tuple(z), ntaps, offset, tuple(xgrids),
+                        reduce)
 
 
 def _strip_cost(K: int, Q: int) -> int:
@@ -220,12 +277,17 @@ def analysis_plan(kernel_size: int, coefficients: int, threads: int, max_strip: 
 def tile_kernel_source(spec: TileSpec) -> str:
     """Python source of ``wtconv_tile`` for ``spec``.
 
-    The kernel takes ``(x, y, w0, b0, s0, ww, ws, H, W, C, has_bias, tiles_x,
-    ntiles)``: seven pointers to the storage type, then int64 scalars (see
+    The forward kernel takes ``(x, y, w0, b0, s0, ww, ws, H, W, C, has_bias,
+    tiles_x, ntiles)``: seven pointers to the storage type, then int64 scalars;
+    the backward one ``(grad_out, grad_in, x, w0, b0, s0, ww, ws, part, H, W,
+    C, has_bias, tiles_x, ntiles, B)`` (``grad_out`` is ``dy``, ``grad_in``
+    receives ``dx``), ``part`` a float32 pointer (see
     :func:`wtconv_cuda.kernels.compiler.tile_signature`). Block ``n`` computes
     tile ``n % ntiles`` (row-major, ``tiles_x`` per row) of plane ``n //
     ntiles``; it needs ``4 * tile_geometry(...).floats`` bytes of dynamic
-    shared memory and ``spec.threads`` threads.
+    shared memory and ``spec.threads`` threads. The backward writes ``dx``
+    like the forward writes ``y`` (flipped taps, no bias), then the tile's
+    weight-gradient sums (:func:`_emit_tile_weight_gradients`).
 
     Parameters
     ----------
@@ -251,14 +313,19 @@ def tile_kernel_source(spec: TileSpec) -> str:
         raise ValueError(f"storage must be one of {STORAGE}, got {spec.storage!r}")
     if L < 0:
         raise ValueError(f"levels must be >= 0, got {L}")
-    geo = tile_geometry(K, L, TS)
+    geo = tile_geometry(K, L, TS, spec.backward, NT)
     if Q < 1 or (TS // 2) % Q:
         raise ValueError(f"strip must divide the level-1 tile edge {TS // 2}, got {Q}")
     if NT < 32 or NT % 32:
         raise ValueError(f"threads must be a positive multiple of 32, got {NT}")
 
     e = _Emitter()
-    e("def wtconv_tile(x, y, w0, b0, s0, ww, ws, H, W, C, has_bias, tiles_x, ntiles):")
+    if spec.backward:
+        e("def wtconv_tile(grad_out, grad_in, x, w0, b0, s0, ww, ws, part, H, W, C, has_bias, "
+          "tiles_x, ntiles, B):")
+    else:
+        e("def wtconv_tile(x, y, w0, b0, s0, ww, ws, H, W, C, has_bias, tiles_x, ntiles):")
+    source = "grad_out" if spec.backward else "x"  # dy, or x
     with e.indent():
         e("S = cuda.shared.array(0, dtype=float32)",
           "tid = int64(cuda.threadIdx.x)",
@@ -275,11 +342,11 @@ def tile_kernel_source(spec: TileSpec) -> str:
           f"ox = (tile - trow * tiles_x) * {TS}",
           "c = plane - (plane // C) * C")
         _emit_fold_weights(e, spec)
-        _emit_tile_load(e, spec, geo)
+        _emit_tile_load(e, spec, geo, source, geo.grids)
         e("cuda.syncthreads()")
         for j in range(1, L + 1):
             if j < L:
-                _emit_ll_band(e, spec, geo, j)
+                _emit_ll_band(e, spec, geo, geo.grids, j)
             Qj = analysis_plan(K, TS >> j, NT, spec.analysis_strip)
             if Qj:
                 _emit_tile_strips(e, spec, geo, j, Qj)
@@ -289,18 +356,22 @@ def tile_kernel_source(spec: TileSpec) -> str:
         for j in range(L, 1, -1):
             _emit_tile_synthesis(e, spec, geo, j)
             e("cuda.syncthreads()")
-        _emit_tile_output(e, spec, geo)
+        _emit_tile_output(e, spec, geo, "grad_in" if spec.backward else "y")  # dx, or y
+        if spec.backward:
+            _emit_tile_weight_gradients(e, spec, geo)
     return e.text()
 
 
-def _grid_index(geo: TileGeometry, i: int, row: str, col: str) -> str:
-    """Shared index of local element ``(row, col)`` of grid ``i`` (polyphase)."""
-    return (f"{geo.grids[i]} + (({row}) & 1) * {2 * geo.phase(i)} + (({col}) & 1) * "
+def _grid_index(geo: TileGeometry, grids: tuple, i: int, row: str, col: str) -> str:
+    """Shared index of local element ``(row, col)`` of grid ``i`` of the set ``grids``."""
+    return (f"{grids[i]} + (({row}) & 1) * {2 * geo.phase(i)} + (({col}) & 1) * "
             f"{geo.phase(i)} + (({row}) >> 1) * {geo.pitch(i)} + (({col}) >> 1)")
 
 
-def _emit_tile_load(e: _Emitter, spec: TileSpec, geo: TileGeometry) -> None:
-    """Grid 0: the ``N_0 x N_0`` pixels of ``x`` around the tile, zeros outside the image.
+def _emit_tile_load(e: _Emitter, spec: TileSpec, geo: TileGeometry, array: str,
+                    grids: tuple) -> None:
+    """Grid 0 of ``grids``: the ``N_0 x N_0`` pixels of ``array`` around the tile, zeros
+    outside the image.
 
     Warp ``w`` takes the row pairs ``w, w + warps, ...``; its lanes take the
     columns ``lane + 32 m``. Which columns lie in the image, and where a
@@ -314,7 +385,7 @@ def _emit_tile_load(e: _Emitter, spec: TileSpec, geo: TileGeometry) -> None:
     e(f"gy0 = oy - {H0}", "xbase = plane * H * W",
       "lane = tid & 31",
       f"gxl = ox - {H0} + lane",
-      f"scol = {geo.grids[0]} + (lane & 1) * {ph} + (lane >> 1)")
+      f"scol = {grids[0]} + (lane & 1) * {ph} + (lane >> 1)")
     for m in range(chunks):
         inside = f" and lane < {N0 - 32 * m}" if 32 * (m + 1) > N0 else ""
         e(f"col{m} = gxl >= {-32 * m} and gxl < W - {32 * m}{inside}")
@@ -327,7 +398,7 @@ def _emit_tile_load(e: _Emitter, spec: TileSpec, geo: TileGeometry) -> None:
               f"gp{r} = xbase + ry{r} * W + gxl")
         for r in (0, 1):
             for m in range(chunks):
-                e(f"v{r}_{m} = {_load(spec.storage, f'x[gp{r} + {32 * m}]')} "
+                e(f"v{r}_{m} = {_load(spec.storage, f'{array}[gp{r} + {32 * m}]')} "
                   f"if row{r} and col{m} else fz")
         e(f"sp = scol + pr * {pitch}")
         for r in (0, 1):
@@ -339,20 +410,34 @@ def _emit_tile_load(e: _Emitter, spec: TileSpec, geo: TileGeometry) -> None:
                     e(target)
 
 
-def _emit_ll_band(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int) -> None:
-    """LL band ``j`` over grid ``j``'s region, from grid ``j - 1``.
+def _emit_ll_band(e: _Emitter, spec: TileSpec, geo: TileGeometry, grids: tuple, j: int) -> None:
+    """LL band ``j`` over grid ``j``'s region, from grid ``j - 1`` (of the set ``grids``).
 
     Grid ``j``'s element ``(a, b)`` is the Haar block at ``(2a, 2b)`` of grid
     ``j - 1`` (the halos halve exactly), i.e. index ``a * pitch + b`` of its four
     phase planes.
     """
     Nj, NT = geo.edges[j], spec.threads
-    src, ph, pitch = geo.grids[j - 1], geo.phase(j - 1), geo.pitch(j - 1)
+    src, ph, pitch = grids[j - 1], geo.phase(j - 1), geo.pitch(j - 1)
     e(f"# LL band {j} over its {Nj} x {Nj} region", f"nll = int64({Nj})")
     with _DivmodLoop(e, "it", "tid", str(Nj * Nj), NT, "nll", "a", "b"):
         e(f"p = {src} + a * {pitch} + b",
-          f"S[{_grid_index(geo, j, 'a', 'b')}] = "
+          f"S[{_grid_index(geo, grids, j, 'a', 'b')}] = "
           f"f05 * ((S[p] + S[p + {ph}]) + (S[p + {2 * ph}] + S[p + {3 * ph}]))")
+
+
+def _level_layout(spec: TileSpec, geo: TileGeometry, j: int) -> tuple:
+    """Constants of level ``j``'s analysis: ``(n, off, src, phase, pitch, z, taps)``.
+
+    ``n`` coefficients per tile edge; coefficient row ``q``'s tap row ``t``
+    reads phase row ``q + t + off`` of grid ``j - 1`` (at ``src``, with
+    ``phase`` and ``pitch``); ``z`` is the offset of ``z_j``, ``taps`` that of
+    the level's folded taps.
+    """
+    K = spec.kernel_size
+    off = geo.halos[j - 1] // 2 - (K - 1) // 2
+    return (spec.tile >> j, off, geo.grids[j - 1], geo.phase(j - 1), geo.pitch(j - 1),
+            geo.z[j - 1], K * K + (j - 1) * 4 * K * K)
 
 
 def _emit_tile_strips(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int, Q: int) -> None:
@@ -363,13 +448,8 @@ def _emit_tile_strips(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int, Q:
     pair they belong to. Grid ``j - 1``'s phase row of coefficient row ``q`` is
     ``q + H_{j-1} / 2``; the taps reach ``P`` rows and columns either side.
     """
-    K, NT = spec.kernel_size, spec.threads
-    P, K2 = (K - 1) // 2, K * K
-    n = spec.tile >> j
-    off = geo.halos[j - 1] // 2 - P
-    src, ph, pitch = geo.grids[j - 1], geo.phase(j - 1), geo.pitch(j - 1)
-    zo = geo.z[j - 1]
-    wb = K2 + (j - 1) * 4 * K2
+    K, NT, K2 = spec.kernel_size, spec.threads, spec.kernel_size ** 2
+    n, off, src, ph, pitch, zo, wb = _level_layout(spec, geo, j)
     e(f"# level {j}: {n} x {n} coefficients, strips of {Q} rows")
     e(f"for it in range(tid, {(n // Q) * n}, {NT}):")
     with e.indent():
@@ -399,13 +479,8 @@ def _emit_tile_strips(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int, Q:
 
 def _emit_tile_singles(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int) -> None:
     """Level ``j``'s subbands, one (subband, coefficient) per item: for coarse levels."""
-    K, NT = spec.kernel_size, spec.threads
-    P, K2 = (K - 1) // 2, K * K
-    n = spec.tile >> j
-    off = geo.halos[j - 1] // 2 - P
-    src, ph, pitch = geo.grids[j - 1], geo.phase(j - 1), geo.pitch(j - 1)
-    zo = geo.z[j - 1]
-    wb = K2 + (j - 1) * 4 * K2
+    K, NT, K2 = spec.kernel_size, spec.threads, spec.kernel_size ** 2
+    n, off, src, ph, pitch, zo, wb = _level_layout(spec, geo, j)
     band = f"(S[p] + s1 * S[p + {ph}]) + s2 * (S[p + {2 * ph}] + s1 * S[p + {3 * ph}])"
     e(f"# level {j}: {n} x {n} coefficients, one subband of one coefficient per item",
       f"for it in range(tid, {4 * n * n}, {NT}):")
@@ -440,7 +515,7 @@ def _emit_tile_synthesis(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int)
           f"S[t + {m}] += f05 * (_m + _n)", f"S[t + {m + 1}] += f05 * (_m - _n)")
 
 
-def _emit_tile_output(e: _Emitter, spec: TileSpec, geo: TileGeometry) -> None:
+def _emit_tile_output(e: _Emitter, spec: TileSpec, geo: TileGeometry, out: str) -> None:
     """Base convolution, level-1 synthesis and bias of the tile's pixels; store those in the image.
 
     An item is ``Q`` level-1 coefficient rows of one column: the ``2Q x 2``
@@ -499,5 +574,96 @@ def _emit_tile_output(e: _Emitter, spec: TileSpec, geo: TileGeometry) -> None:
                 for ex in (0, 1):
                     e(f"px = ox + 2 * qx + {ex}", "if py < H and px < W:")
                     with e.indent():
-                        _store(e, spec.storage, "y[obase + py * W + px]",
+                        _store(e, spec.storage, f"{out}[obase + py * W + px]",
                                f"acc{2 * i + ey}_{ex} + bias + r{ey}{ex}")
+
+
+def _emit_tile_weight_gradients(e: _Emitter, spec: TileSpec, geo: TileGeometry) -> None:
+    """Backward: the tile's weight-gradient sums, written as one partial.
+
+    The grids still hold ``dy`` and its LL chain. ``x`` and its chain go into
+    the ``x`` grids (the same halos), then every tap's correlation is summed
+    over the tile: base taps ``sum_p x[p + d] dy[p]`` at full resolution, the
+    bias ``sum_p dy[p]``, level ``j``'s taps ``sum_q Xu_k[q + d] Gu_k[q]`` over
+    the tile's coefficients, ``Xu`` and ``Gu`` the Haar blocks (twice the
+    subbands) of the two chains at level ``j - 1``, as in the plane kernel. A
+    work item is (tap row, chunk of rows); it slides a window of ``K + 1``
+    pixels (``K`` Haar blocks) along its rows, so every loaded value feeds
+    ``K`` taps. The items' sums meet in the reduction area and are added in
+    chunk order (deterministic) into ``part[((c * B + b) * ntiles + tile) *
+    ntaps:]``, which ``wtconv_finalize`` adds up per channel (``B * ntiles``
+    partials) exactly as it adds the plane kernel's.
+    """
+    K, L, TS, NT = spec.kernel_size, spec.levels, spec.tile, spec.threads
+    P, K2 = (K - 1) // 2, K * K
+    ntaps = K2 + 1 + 4 * K2 * L
+    red = geo.reduce
+    e("# ---- weight gradients: x and its LL chain, then the correlations ----")
+    _emit_tile_load(e, spec, geo, "x", geo.xgrids)
+    e("cuda.syncthreads()")
+    for j in range(1, L):
+        _emit_ll_band(e, spec, geo, geo.xgrids, j)
+        e("cuda.syncthreads()")
+    e("bq = plane // C",
+      f"pbase = ((c * B + bq) * ntiles + tile) * {ntaps}")
+
+    # base taps and bias
+    H0, ph0, pitch0 = geo.halos[0], geo.phase(0), geo.pitch(0)
+    nch = correlation_chunks(K, TS, NT)
+    nit = K * nch
+    e(f"# base taps: item (tap row ty, rows ch, ch + {nch}, ...), columns in pairs",
+      f"if tid < {nit}:")
+    with e.indent():
+        e(f"ty = tid // {nch}", f"ch = tid - ty * {nch}", "gsum = fz",
+          ", ".join(f"acc_{dx}" for dx in range(K)) + " = " + ", ".join("fz" for _ in range(K)),
+          f"for py in range(ch, {TS}, {nch}):")
+        with e.indent():
+            e(f"grow = {geo.grids[0]} + (py & 1) * {2 * ph0} + ((py >> 1) + {H0 // 2}) * {pitch0}"
+              f" + {H0 // 2}",
+              f"fy = py + ty + {H0 - P}",
+              f"xrow = {geo.xgrids[0]} + (fy & 1) * {2 * ph0} + (fy >> 1) * {pitch0} + {H0 // 2}")
+            _emit_pair_window(e, K, lambda ev, m: f"xrow + {m}{(ev & 1) * ph0 + (ev >> 1)}",
+                              "grow + m", f"grow + {ph0} + m", str(TS // 2))
+        for dx in range(K):
+            e(f"S[{red} + tid * {K} + {dx}] = acc_{dx}")
+        e("if ty == 0:", f"    S[{red + nit * K} + ch] = gsum")
+    e("cuda.syncthreads()",
+      f"for t in range(tid, {K2 + 1}, {NT}):")
+    with e.indent():
+        e("tot = fz", f"if t < {K2}:")
+        with e.indent():
+            e(f"ty = t // {K}", f"dx = t - ty * {K}",
+              f"for ch in range({nch}):",
+              f"    tot += S[{red} + (ty * {nch} + ch) * {K} + dx]")
+        e("else:")
+        with e.indent():
+            e(f"for ch in range({nch}):", f"    tot += S[{red + nit * K} + ch]")
+        e("part[pbase + t] = tot")
+    e("cuda.syncthreads()")
+
+    # level taps
+    for j in range(1, L + 1):
+        n = TS >> j
+        nch = correlation_chunks(K, n, NT)
+        nit = K * nch
+        hh = geo.halos[j - 1] // 2
+        ph, pitch = geo.phase(j - 1), geo.pitch(j - 1)
+        e(f"# level {j} taps: item (tap row ty, coefficient rows ch, ch + {nch}, ...)",
+          f"if tid < {nit}:")
+        with e.indent():
+            e(f"ty = tid // {nch}", f"ch = tid - ty * {nch}")
+            _emit_level_accumulators(e, K)
+            e(f"for qy in range(ch, {n}, {nch}):")
+            with e.indent():
+                e(f"gp = {geo.grids[j - 1]} + (qy + {hh}) * {pitch} + {hh}",
+                  f"xp = {geo.xgrids[j - 1]} + (qy + ty + {hh - P}) * {pitch} + {hh - P}")
+                _emit_block_window(e, K, "xp", "gp", str(n), str(ph))
+            _emit_level_item_sums(e, K, str(red))
+        e("cuda.syncthreads()",
+          f"for t in range(tid, {4 * K2}, {NT}):")
+        with e.indent():
+            e(f"k = t // {K2}", f"rem = t - k * {K2}", f"ty = rem // {K}", f"dx = rem - ty * {K}",
+              "tot = fz", f"for ch in range({nch}):",
+              f"    tot += S[{red} + ((ty * {nch} + ch) * 4 + k) * {K} + dx]",
+              f"part[pbase + {K2 + 1 + (j - 1) * 4 * K2} + t] = tot")
+        e("cuda.syncthreads()")
