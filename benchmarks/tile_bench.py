@@ -1,4 +1,4 @@
-"""Forward kernel time of the tiled kernel against the plane kernel, paper grid.
+"""Kernel time of the tiled kernels against the plane kernel, paper grid.
 
 For each configuration (B = 8, C, H = W, L, K = 5 by default) and storage,
 times the forward of the plane kernel (``Tuning(tiles=False)``) and of each
@@ -7,10 +7,13 @@ sets), and reports the fraction of the copy roofline (``x`` read once, ``y``
 written once, at the measured device-to-device copy bandwidth). Each variant's
 registers and local memory come from its loaded kernel. Correctness is the
 tests' job; this script only checks that the tiled output is finite and close
-to the plane kernel's.
+to the plane kernel's. ``--backward`` times the backward instead (``dx``
+and every weight gradient, roofline ``x`` and ``dy`` read and ``dx``
+written), the tiles forced with ``Tuning(tiles=True)``.
 
     python benchmarks/tile_bench.py --json tile_bench.json
     python benchmarks/tile_bench.py --variants 64:256:4:128 64:128:4:128:8 32:128:2:0
+    python benchmarks/tile_bench.py --backward --levels 1 3 --variants 64:128:4:128
 """
 
 from __future__ import annotations
@@ -40,6 +43,39 @@ def random_array(rng, shape, storage):
     if storage == "bfloat16":
         return cupy.asarray((values.view(np.uint32) >> 16).astype(np.uint16))
     return cupy.asarray(values.astype(HOST_DTYPE[storage]))
+
+
+def random_inputs(rng, problem, rotations=3):
+    """``rotations`` random inputs ``x`` and random kernel :class:`Weights` of ``problem``."""
+    b, c, h, w, k, L, _, storage, _ = problem
+    xs = [random_array(rng, (b, c, h, w), storage) for _ in range(rotations)]
+    return xs, Weights(random_array(rng, (c, k, k), storage), random_array(rng, (c,), storage),
+                       random_array(rng, (c,), storage),
+                       random_array(rng, (L, c, 4, k, k), storage),
+                       random_array(rng, (L, c, 4), storage))
+
+
+def problems(configs, storages, k):
+    """The stride-1, biased :class:`Problem` of every configuration and storage."""
+    for cfg in configs:
+        for storage in storages:
+            yield Problem(cfg.batch, cfg.channels, cfg.height, cfg.width, k, cfg.levels, 1,
+                          storage, True)
+
+
+def kernel_report(specs, backend):
+    """Compile ``specs`` on 16 processes, load them and print their registers and local memory.
+
+    Returns ``{repr(spec): {"regs", "local_bytes"}}``.
+    """
+    cc = parse_compute_capability(cupy.cuda.Device().compute_capability)
+    compile_all(sorted(specs, key=repr), cc, 16)
+    kernels = {}
+    for spec in specs:
+        attrs = gpu_kernel(spec, backend.device_id).attributes
+        kernels[repr(spec)] = {"regs": attrs["num_regs"], "local_bytes": attrs["local_size_bytes"]}
+        print(f"{spec}: {kernels[repr(spec)]}", flush=True)
+    return kernels
 
 
 def copy_bandwidth(nbytes=1 << 30, repeats=20):
@@ -84,90 +120,148 @@ def main():
     parser.add_argument("--levels", type=int, nargs="+", default=None)
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--no-plane", action="store_true", help="skip the plane kernel")
+    parser.add_argument("--backward", action="store_true",
+                        help="time the backward (dx and every weight gradient) instead: the "
+                             "plane kernel against the tiles (not the planner's default yet)")
     args = parser.parse_args()
 
     backend = CupyBackend()
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
+    if args.backward:
+        return backward_main(args, backend, bandwidth)
     variants = {v: parse_variant(v) for v in args.variants}
     variants["auto"] = (Tuning(), None)
     configs = [c for c in paper_grid() if args.levels is None or c.levels in args.levels]
 
     specs = set()
-    for cfg in configs:
-        for storage in args.storage:
-            problem = Problem(cfg.batch, cfg.channels, cfg.height, cfg.width, args.k, cfg.levels,
-                              1, storage, True)
-            if not args.no_plane:
-                specs.add(plan_plane(problem, False, backend.shared_limit, backend.max_slots,
-                                     Tuning(tiles=False)).spec)
-            for variant in variants.values():
-                plan = tile_plan(problem, backend, variant)
-                if plan is not None:
-                    specs.add(plan.spec)
-    cc = parse_compute_capability(cupy.cuda.Device().compute_capability)
-    compile_all(sorted(specs, key=repr), cc, 16)
-    kernels = {}
-    for spec in specs:
-        attrs = gpu_kernel(spec, backend.device_id).attributes
-        kernels[spec] = {"regs": attrs["num_regs"], "local_bytes": attrs["local_size_bytes"]}
-        print(f"{spec}: {kernels[spec]}", flush=True)
+    for problem in problems(configs, args.storage, args.k):
+        if not args.no_plane:
+            specs.add(plan_plane(problem, False, backend.shared_limit, backend.max_slots,
+                                 Tuning(tiles=False)).spec)
+        for variant in variants.values():
+            plan = tile_plan(problem, backend, variant)
+            if plan is not None:
+                specs.add(plan.spec)
+    kernels = kernel_report(specs, backend)
 
     rng = np.random.default_rng(0)
     rows = []
-    for cfg in configs:
-        for storage in args.storage:
-            b, c, h, w, L, k = cfg.batch, cfg.channels, cfg.height, cfg.width, cfg.levels, args.k
-            problem = Problem(b, c, h, w, k, L, 1, storage, True)
-            xs = [random_array(rng, (b, c, h, w), storage) for _ in range(3)]
-            weights = Weights(random_array(rng, (c, k, k), storage),
-                              random_array(rng, (c,), storage), random_array(rng, (c,), storage),
-                              random_array(rng, (L, c, 4, k, k), storage),
-                              random_array(rng, (L, c, 4), storage))
-            y = cupy.empty_like(xs[0])
-            nbytes = 2 * xs[0].size * ITEMSIZE[storage]
-            row = {"config": f"{b}x{c}x{h}x{w} L{L} K{k}", "storage": storage, "ms": {},
-                   "roofline": {}}
-            runs = [] if args.no_plane else [("plane", None)]
-            runs += [(name, plan) for name, plan in
-                     ((n, tile_plan(problem, backend, v)) for n, v in variants.items())
-                     if plan is not None]
-            reference = None
-            for name, plan in runs:
-                def forward(i, plan=plan):
-                    if plan is None:
-                        run_forward(backend, problem, xs[i], y, weights, Tuning(tiles=False))
-                    else:
-                        launch_tiles(backend, plan, problem, xs[i], y, weights)
-                ms = time_median(forward, [(i,) for i in range(3)], CupyEventTimer(cupy), 30,
-                                 3).median_ms
-                row["ms"][name] = round(ms, 4)
-                row["roofline"][name] = round(nbytes / bandwidth / (ms * 1e-3), 4)
-                forward(0)
-                out = y.astype(cupy.float32) if storage != "bfloat16" else (
-                    (y.astype(cupy.uint32) << 16).view(cupy.float32))
-                if reference is None:
-                    reference = out.copy()
+    for problem in problems(configs, args.storage, args.k):
+        b, c, h, w, k, L, _, storage, _ = problem
+        xs, weights = random_inputs(rng, problem)
+        y = cupy.empty_like(xs[0])
+        nbytes = 2 * xs[0].size * ITEMSIZE[storage]
+        row = {"config": f"{b}x{c}x{h}x{w} L{L} K{k}", "storage": storage, "ms": {},
+               "roofline": {}}
+        runs = [] if args.no_plane else [("plane", None)]
+        runs += [(name, plan) for name, plan in
+                 ((n, tile_plan(problem, backend, v)) for n, v in variants.items())
+                 if plan is not None]
+        reference = None
+        for name, plan in runs:
+            def forward(i, plan=plan):
+                if plan is None:
+                    run_forward(backend, problem, xs[i], y, weights, Tuning(tiles=False))
                 else:
-                    diff = float(cupy.linalg.norm(out - reference) / cupy.linalg.norm(reference))
-                    row.setdefault("diff_vs_first", {})[name] = diff
-                    row.setdefault("bitwise_equal_first", {})[name] = bool(
-                        cupy.array_equal(out, reference))
-            plan = plan_tiles(problem, backend.shared_limit, Tuning())
-            row["auto_plan"] = repr(plan.spec) if plan else "plane"
-            rows.append(row)
-            cells = "  ".join(f"{n} {row['ms'][n]:.3f} ms ({100 * row['roofline'][n]:.1f}%)"
-                              for n in row["ms"])
-            same = row.get("bitwise_equal_first", {})
-            print(f"{row['config']:24s} {storage:8s} {cells}  bitwise equal to the first: "
-                  f"{sum(same.values())}/{len(same)}", flush=True)
-            del xs, y, weights
-            cupy.get_default_memory_pool().free_all_blocks()
+                    launch_tiles(backend, plan, problem, xs[i], y, weights)
+            ms = time_median(forward, [(i,) for i in range(3)], CupyEventTimer(cupy), 30,
+                             3).median_ms
+            row["ms"][name] = round(ms, 4)
+            row["roofline"][name] = round(nbytes / bandwidth / (ms * 1e-3), 4)
+            forward(0)
+            out = y.astype(cupy.float32) if storage != "bfloat16" else (
+                (y.astype(cupy.uint32) << 16).view(cupy.float32))
+            if reference is None:
+                reference = out.copy()
+            else:
+                diff = float(cupy.linalg.norm(out - reference) / cupy.linalg.norm(reference))
+                row.setdefault("diff_vs_first", {})[name] = diff
+                row.setdefault("bitwise_equal_first", {})[name] = bool(
+                    cupy.array_equal(out, reference))
+        plan = plan_tiles(problem, backend.shared_limit, Tuning())
+        row["auto_plan"] = repr(plan.spec) if plan else "plane"
+        rows.append(row)
+        cells = "  ".join(f"{n} {row['ms'][n]:.3f} ms ({100 * row['roofline'][n]:.1f}%)"
+                          for n in row["ms"])
+        same = row.get("bitwise_equal_first", {})
+        print(f"{row['config']:24s} {storage:8s} {cells}  bitwise equal to the first: "
+              f"{sum(same.values())}/{len(same)}", flush=True)
+        del xs, y, weights
+        cupy.get_default_memory_pool().free_all_blocks()
 
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({"bandwidth": bandwidth, "kernels": {repr(s): v for s, v in kernels.items()},
-                       "rows": rows}, handle, indent=1)
+            json.dump({"bandwidth": bandwidth, "kernels": kernels, "rows": rows}, handle,
+                      indent=1)
+    return 0
+
+
+def relative(a, b, storage):
+    """Relative Frobenius difference of two device arrays of ``storage``."""
+    def f32(v):
+        return (v.astype(cupy.uint32) << 16).view(cupy.float32) if storage == "bfloat16" \
+            else v.astype(cupy.float32)
+    a, b = f32(a), f32(b)
+    return float(cupy.linalg.norm(a - b) / cupy.linalg.norm(b))
+
+
+def backward_main(args, backend, bandwidth):
+    """``--backward``: plane-kernel backward against tiled backwards (``run_backward``)."""
+    from wtconv_cuda.kernels.codegen import FinalizeSpec
+    from wtconv_cuda.kernels.launch import FINALIZE_THREADS, run_backward
+    variants = {v: parse_variant(v)[0] for v in args.variants}
+    configs = [c for c in paper_grid() if args.levels is None or c.levels in args.levels]
+    specs = set()
+    for problem in problems(configs, args.storage, args.k):
+        specs.add(plan_plane(problem, True, backend.shared_limit, backend.max_slots).spec)
+        specs.add(FinalizeSpec(args.k, problem.storage, FINALIZE_THREADS))
+        for tuning in variants.values():
+            plan = plan_tiles(problem, backend.shared_limit, tuning, backward=True)
+            if plan is not None:
+                specs.add(plan.spec)
+    kernels = kernel_report(specs, backend)
+    rng = np.random.default_rng(1)
+    rows = []
+    for problem in problems(configs, args.storage, args.k):
+        b, c, h, w, k, L, _, storage, _ = problem
+        xs, weights = random_inputs(rng, problem)
+        dys = [random_array(rng, (b, c, h, w), storage) for _ in range(3)]
+        dx = cupy.empty_like(xs[0])
+        grads = Weights(*(cupy.empty_like(a) for a in weights))
+        nbytes = 3 * xs[0].size * ITEMSIZE[storage]
+        row = {"config": f"{b}x{c}x{h}x{w} L{L} K{k}", "storage": storage, "ms": {},
+               "roofline": {}, "diff_vs_plane": {}}
+        runs = [("plane", Tuning(tiles=False))] + [
+            (name, t) for name, t in variants.items()
+            if plan_tiles(problem, backend.shared_limit, t, backward=True) is not None]
+        reference = None
+        for name, tuning in runs:
+            def backward(i, tuning=tuning):
+                run_backward(backend, problem, xs[i], dys[i], dx, weights, grads, tuning)
+            ms = time_median(backward, [(i,) for i in range(3)], CupyEventTimer(cupy), 30,
+                             3).median_ms
+            row["ms"][name] = round(ms, 4)
+            row["roofline"][name] = round(nbytes / bandwidth / (ms * 1e-3), 4)
+            backward(0)
+            outputs = [dx.copy()] + [g.copy() for g in grads]
+            if reference is None:
+                reference = outputs
+            else:
+                names = ("dx",) + Weights._fields
+                row["diff_vs_plane"][name] = {
+                    n: relative(a, r, storage) for n, a, r in zip(names, outputs, reference)}
+        rows.append(row)
+        cells = "  ".join(f"{n} {row['ms'][n]:.3f} ms ({100 * row['roofline'][n]:.1f}%)"
+                          for n in row["ms"])
+        worst = {n: max(d.values()) for n, d in row["diff_vs_plane"].items()}
+        print(f"{row['config']:24s} {storage:8s} {cells}  worst relative diff vs plane: "
+              f"{worst}", flush=True)
+        del xs, dys, dx, grads, weights
+        cupy.get_default_memory_pool().free_all_blocks()
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"bandwidth": bandwidth, "kernels": kernels, "rows": rows}, handle, indent=1)
     return 0
 
 

@@ -27,9 +27,10 @@
 #              WTConvNeXt-T bf16 eager                              (~5 min cold)
 #   stepprofile  benchmarks/step_profile.py, bf16 and fp32: where a WTConvNeXt-T
 #              step's time goes (host issue, GPU busy, kernels by kind) (~4 min)
-#   tiles      the tiled forward's GPU tests (K of TEST_KS), then
-#              benchmarks/tile_bench.py $TILE_ARGS: plane kernel vs tiles on the
-#              paper grid (~5 min cold)
+#   tiles      the tiled kernels' GPU tests (the forward, and the backward forced
+#              on; K of TEST_KS), then benchmarks/tile_bench.py $TILE_ARGS: plane
+#              kernel vs tiles on the paper grid; TILE_ARGS="--backward ..."
+#              times the backward (~5 min cold)
 #
 # Knobs: TEST_KS (kernel sizes of the sweep, default 3,5,7,9), BENCH_ARGS (extra
 # options of the bench, e.g. "--shapes convnext"), TILE_ARGS (options of
@@ -145,10 +146,10 @@ run_tune() {
 }
 
 run_tiles() {
-  # The tiled forward: its oracle tests (every K of TEST_KS, all dtypes), then
+  # The tiled kernels: their oracle tests (every K of TEST_KS, all dtypes), then
   # benchmarks/tile_bench.py over the paper grid ($TILE_ARGS), plane kernel
   # against the tiles.
-  echo "== tiled forward: oracle tests, then tile_bench ${TILE_ARGS:-}"
+  echo "== tiled kernels: oracle tests, then tile_bench ${TILE_ARGS:-}"
   WTCONV_TEST_GPU=1 WTCONV_TEST_KS=$TEST_KS timeout 300 python3 -m pytest -q -x -n 16 \
     -p no:cacheprovider -p no:benchmark tests/gpu/test_gpu_kernels.py -k tiled \
     >"$OUT/gpu_tiles.log" 2>&1
