@@ -29,12 +29,13 @@ SPECS = textwrap.dedent("""
               for (threads, strip, group, sync) in ((128, 4, 2, False), (32, 1, 8, False),
                                                     (16, 1, 16, True))]
     specs += [FinalizeSpec(k, storage) for k in (1, 3, 5, 7) for storage in STORAGE]
-    # Tiled forwards: every storage, L = 0 and the strip and single-item level paths.
+    # Tiled kernels: every storage, L = 0, strips of 8, 4 and 1 rows and single items, the
+    # backward (its correlations and partials) in float32 and bfloat16.
     from wtconv_cuda.kernels.tiles import TileSpec
-    specs += [TileSpec(5, storage, levels, 64, 256, 4, 128)
-              for storage in STORAGE for levels in (0, 3)]
-    specs += [TileSpec(3, "float32", 2, 16, 64, 1, 0)]
-    specs += [TileSpec(5, storage, 2, 64, 128, 4, 128, backward=True) for storage in STORAGE]
+    specs += [TileSpec(5, "bfloat16", 3, 64, 128, 4, 128), TileSpec(5, "float16", 0, 64, 128),
+              TileSpec(3, "float32", 2, 16, 64, 1, 0),
+              TileSpec(3, "bfloat16", 2, 16, 64, 2, 128, backward=True),
+              TileSpec(5, "float32", 1, 64, 256, 4, 128, backward=True)]
     # Backward blocks that write the gradients themselves (fused finalize).
     specs += [PlaneSpec(5, storage, 1, 1, True, scratch, threads, 1, 128, group, sync, True)
               for storage in STORAGE for scratch in (False, True)
