@@ -127,9 +127,9 @@ class Tuning(NamedTuple):
         the plane kernel. None lets :func:`plan_tiles` decide (forwards on
         large planes; never the backward, not yet timed on a GPU); True takes
         the tiles, in both passes, whenever they can run the problem (stride
-        1, the buffer in shared memory), however large the halo; False never. With tiles,
-        ``threads``, ``strip`` and ``max_registers`` set the tile kernel's
-        (defaults `TILE_THREADS`, 4 and `REGISTER_CAP`).
+        1, the buffer in shared memory), however large the halo; False
+        never. With tiles, ``threads``, ``strip`` and ``max_registers`` set
+        the tile kernel's (defaults `TILE_THREADS`, 4 and `REGISTER_CAP`).
     tile : int or None
         Tile edge (a power of two; default `TILE_EDGE`).
     """
@@ -849,8 +849,7 @@ def run_forward(backend, problem: Problem, x, y, weights: Weights,
     tiled = plan_tiles(problem, backend.shared_limit, tuning)
     if tiled is not None:
         args = (x, y, *weights, *_int64s(problem.height, problem.width, problem.channels,
-                                               int(problem.has_bias), tiled.tiles_x,
-                                               tiled.ntiles))
+                                         int(problem.has_bias), tiled.tiles_x, tiled.ntiles))
         backend.call(backend.kernel(tiled.spec), tiled.grid, tiled.block, args,
                      tiled.shared_bytes)
         return
@@ -901,8 +900,8 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
     RuntimeError
         `SimulatorBackend` without ``NUMBA_ENABLE_CUDASIM=1``.
     """
-    finalize = FinalizeSpec(problem.kernel_size, problem.storage, FINALIZE_THREADS)
-    tiled = plan_tiles(problem, backend.shared_limit, tuning, backward=True)
+    # (the backward runs on tiles only when asked: skip the plan look-up otherwise)
+    tiled = plan_tiles(problem, backend.shared_limit, tuning, True) if tuning.tiles else None
     if tiled is not None:
         partial = backend.float32(tiled.partial_floats)
         args = (dy, dx, x, *weights, partial,
@@ -910,9 +909,8 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
                          int(problem.has_bias), tiled.tiles_x, tiled.ntiles, problem.batch))
         backend.call(backend.kernel(tiled.spec), tiled.grid, tiled.block, args,
                      tiled.shared_bytes)
-        backend.call(backend.kernel(finalize), problem.channels, FINALIZE_THREADS,
-                     (partial, *weights, *grads, backend.table(tiled.finalize_dims)),
-                     4 * tiled.ntaps)
+        _run_finalize(backend, problem, partial, weights, grads, tiled.finalize_dims,
+                      tiled.ntaps)
         return
     launch = plan_plane(problem, True, backend.shared_limit, backend.max_slots, tuning)
     geo = backend.table(launch.geo)
@@ -925,7 +923,12 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
     if fused:
         return
 
-    dims = backend.table(launch.finalize_dims)
-    args = (partial, *weights, *grads, dims)
-    backend.call(backend.kernel(finalize), problem.channels, FINALIZE_THREADS, args,
-                 4 * launch.ntaps)
+    _run_finalize(backend, problem, partial, weights, grads, launch.finalize_dims, launch.ntaps)
+
+
+def _run_finalize(backend, problem: Problem, partial, weights: Weights, grads: Weights,
+                  dims: np.ndarray, ntaps: int) -> None:
+    """Launch ``wtconv_finalize``: one block per channel adds its partials into ``grads``."""
+    finalize = backend.kernel(FinalizeSpec(problem.kernel_size, problem.storage, FINALIZE_THREADS))
+    backend.call(finalize, problem.channels, FINALIZE_THREADS,
+                 (partial, *weights, *grads, backend.table(dims)), 4 * ntaps)

@@ -56,7 +56,8 @@ from typing import NamedTuple
 
 from .codegen import (
     STORAGE, _butterfly, _DivmodLoop, _Emitter, _emit_block_window, _emit_fold_weights,
-    _emit_level_accumulators, _emit_level_item_sums, _emit_pair_window, _load, _store,
+    _emit_level_accumulators, _emit_level_item_sums, _emit_pair_window, _load,
+    _single_item_cost, _store, _strip_item_cost,
 )
 
 class TileSpec(NamedTuple):
@@ -230,15 +231,6 @@ def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = Fal
                         reduce)
 
 
-def _strip_cost(K: int, Q: int) -> int:
-    """Rough instructions of one analysis strip item of ``Q`` rows (as the plane kernel's)."""
-    return K * (4 * K + 12 * (Q + K - 1) + 4 * Q * K)
-
-
-def _single_cost(K: int) -> int:
-    return 9 * K * K
-
-
 def analysis_plan(kernel_size: int, coefficients: int, threads: int, max_strip: int = 4) -> int:
     """Work decomposition of one level's subband convolutions in a tile.
 
@@ -256,18 +248,19 @@ def analysis_plan(kernel_size: int, coefficients: int, threads: int, max_strip: 
     Returns
     -------
     int
-        Rows per strip item (a power of two up to ``max_strip``), or 0 for single items (one subband
-        of one coefficient each): whichever takes the fewest serial
+        Rows per strip item (a power of two up to ``max_strip``), or 0 for
+        single items (one subband of one coefficient each): whichever takes
+        the fewest serial
         instructions, rounds of ``threads`` items times an item's cost.
     """
     K, n = kernel_size, coefficients
-    best, best_cost = 0, -(-(4 * n * n) // threads) * _single_cost(K)
+    best, best_cost = 0, -(-(4 * n * n) // threads) * _single_item_cost(K)
     Q = max_strip
     while Q >= 1:
         if n % Q:
             Q //= 2
             continue
-        cost = -(-((n // Q) * n) // threads) * _strip_cost(K, Q)
+        cost = -(-((n // Q) * n) // threads) * _strip_item_cost(K, Q)
         if cost < best_cost:
             best, best_cost = Q, cost
         Q //= 2
