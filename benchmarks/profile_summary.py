@@ -14,7 +14,8 @@ KEEP = ("Duration", "Registers Per Thread", "Dynamic Shared Memory Per Block", "
         "Theoretical Occupancy", "Achieved Occupancy", "Executed Ipc Active",
         "Issued Warp Per Scheduler", "No Eligible", "Active Warps Per Scheduler",
         "Eligible Warps Per Scheduler", "Warp Cycles Per Issued Instruction",
-        "Compute (SM) Throughput", "Memory Throughput")
+        "Compute (SM) Throughput", "Memory Throughput", "smsp__inst_executed.sum",
+        "l1tex__data_bank_conflicts", "smsp__sass_inst_executed_op", "dram__bytes")
 STALL = "smsp__average_warps_issue_stalled_"
 
 

@@ -31,6 +31,8 @@
 #              on; K of TEST_KS), then benchmarks/tile_bench.py $TILE_ARGS: plane
 #              kernel vs tiles on the paper grid; TILE_ARGS="--backward ..."
 #              times the backward (~5 min cold)
+#   tileprofile  ncu occupancy, warp states, stall reasons and instruction counts of
+#              the tiled forward and backward at 8x128x512x512, L1 and L3 (~2 min)
 #
 # Knobs: TEST_KS (kernel sizes of the sweep, default 3,5,7,9), BENCH_ARGS (extra
 # options of the bench, e.g. "--shapes convnext"), TILE_ARGS (options of
@@ -143,6 +145,21 @@ run_tune() {
   echo "== launch-shape sweep (benchmarks/tune.py ${TUNE_ARGS:-})"
   timeout 420 python3 benchmarks/tune.py --json "$OUT/tune.json" ${TUNE_ARGS:-} 2>&1 \
     | tee "$OUT/tune.log"
+}
+
+run_tileprofile() {
+  echo "== where the tiles' time goes (ncu, 8x128x512x512, K5, fp32, tiles forced)"
+  local shape tag
+  for shape in "8 128 512 512 1 5" "8 128 512 512 3 5"; do
+    tag=${shape// /x}
+    ncu --launch-skip 2 --launch-count 2 --kernel-name regex:wtconv_tile \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section SchedulerStats --section InstructionStats \
+      --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active,smsp__inst_executed.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,smsp__sass_inst_executed_op_shared_ld.sum,smsp__sass_inst_executed_op_shared_st.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+      --csv --page details python3 benchmarks/tile_ncu_target.py $shape \
+      >"$OUT/tileprofile_$tag.csv" 2>"$OUT/tileprofile_$tag.err"
+    python3 benchmarks/profile_summary.py "$OUT/tileprofile_$tag.csv" "$tag"
+  done 2>&1 | tee "$OUT/tileprofile_summary.txt"
 }
 
 run_tiles() {
@@ -259,7 +276,7 @@ run_sanitizer() {
 
 for phase in "${phases[@]}"; do
   case "$phase" in
-    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|torchstep|stepprofile|tiles)
+    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|torchstep|stepprofile|tiles|tileprofile)
       "run_$phase" || status=1 ;;
     *) echo "unknown phase: $phase"; status=2 ;;
   esac
