@@ -160,6 +160,9 @@ run_tileprofile() {
       >"$OUT/tileprofile_$tag.csv" 2>"$OUT/tileprofile_$tag.err"
     python3 benchmarks/profile_summary.py "$OUT/tileprofile_$tag.csv" "$tag"
   done 2>&1 | tee "$OUT/tileprofile_summary.txt"
+  # one archive: the device tool returns a limited number of files
+  tar czf "$OUT/tileprofile.tgz" -C "$OUT" $(cd "$OUT" && ls tileprofile_*.csv tileprofile_*.err) \
+    && rm -f "$OUT"/tileprofile_*.csv "$OUT"/tileprofile_*.err
 }
 
 run_tiles() {

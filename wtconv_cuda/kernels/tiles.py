@@ -582,7 +582,10 @@ def _emit_tile_weight_gradients(e: _Emitter, spec: TileSpec, geo: TileGeometry) 
     subbands) of the two chains at level ``j - 1``, as in the plane kernel. A
     work item is (tap row, chunk of rows); it slides a window of ``K + 1``
     pixels (``K`` Haar blocks) along its rows, so every loaded value feeds
-    ``K`` taps. The items' sums meet in the reduction area and are added in
+    ``K`` taps. Thread ``t`` takes chunk ``t // K`` and tap row ``t % K``: the
+    lanes of a warp then read a few neighbouring rows, many of them the same
+    (a broadcast), rather than up to 32 different rows whose phase-plane
+    offsets share banks. The items' sums meet in the reduction area and are added in
     chunk order (deterministic) into ``part[((c * B + b) * ntiles + tile) *
     ntaps:]``, which ``wtconv_finalize`` adds up per channel (``B * ntiles``
     partials) exactly as it adds the plane kernel's.
@@ -607,7 +610,7 @@ def _emit_tile_weight_gradients(e: _Emitter, spec: TileSpec, geo: TileGeometry) 
     e(f"# base taps: item (tap row ty, rows ch, ch + {nch}, ...), columns in pairs",
       f"if tid < {nit}:")
     with e.indent():
-        e(f"ty = tid // {nch}", f"ch = tid - ty * {nch}", "gsum = fz",
+        e(f"ch = tid // {K}", f"ty = tid - ch * {K}", "gsum = fz",
           ", ".join(f"acc_{dx}" for dx in range(K)) + " = " + ", ".join("fz" for _ in range(K)),
           f"for py in range(ch, {TS}, {nch}):")
         with e.indent():
@@ -627,7 +630,7 @@ def _emit_tile_weight_gradients(e: _Emitter, spec: TileSpec, geo: TileGeometry) 
         with e.indent():
             e(f"ty = t // {K}", f"dx = t - ty * {K}",
               f"for ch in range({nch}):",
-              f"    tot += S[{red} + (ty * {nch} + ch) * {K} + dx]")
+              f"    tot += S[{red} + (ch * {K} + ty) * {K} + dx]")
         e("else:")
         with e.indent():
             e(f"for ch in range({nch}):", f"    tot += S[{red + nit * K} + ch]")
@@ -644,7 +647,7 @@ def _emit_tile_weight_gradients(e: _Emitter, spec: TileSpec, geo: TileGeometry) 
         e(f"# level {j} taps: item (tap row ty, coefficient rows ch, ch + {nch}, ...)",
           f"if tid < {nit}:")
         with e.indent():
-            e(f"ty = tid // {nch}", f"ch = tid - ty * {nch}")
+            e(f"ch = tid // {K}", f"ty = tid - ch * {K}")
             _emit_level_accumulators(e, K)
             e(f"for qy in range(ch, {n}, {nch}):")
             with e.indent():
@@ -657,6 +660,6 @@ def _emit_tile_weight_gradients(e: _Emitter, spec: TileSpec, geo: TileGeometry) 
         with e.indent():
             e(f"k = t // {K2}", f"rem = t - k * {K2}", f"ty = rem // {K}", f"dx = rem - ty * {K}",
               "tot = fz", f"for ch in range({nch}):",
-              f"    tot += S[{red} + ((ty * {nch} + ch) * 4 + k) * {K} + dx]",
+              f"    tot += S[{red} + ((ch * {K} + ty) * 4 + k) * {K} + dx]",
               f"part[pbase + {K2 + 1 + (j - 1) * 4 * K2} + t] = tot")
         e("cuda.syncthreads()")
