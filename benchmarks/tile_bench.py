@@ -9,7 +9,8 @@ registers and local memory come from its loaded kernel. Correctness is the
 tests' job; this script only checks that the tiled output is finite and close
 to the plane kernel's. ``--backward`` times the backward instead (``dx``
 and every weight gradient, roofline ``x`` and ``dy`` read and ``dx``
-written), the tiles forced with ``Tuning(tiles=True)``.
+written): the plane kernel, each variant asked for and the planner's choice
+("auto"). ``--levels`` takes any level count, at the paper grid's sizes.
 
     python benchmarks/tile_bench.py --json tile_bench.json
     python benchmarks/tile_bench.py --variants 64:256:4:128 64:128:4:128:8 32:128:2:0
@@ -86,6 +87,14 @@ def copy_bandwidth(nbytes=1 << 30, repeats=20):
     return 2 * src.nbytes / (timing.median_ms * 1e-3)
 
 
+def grid_configs(levels=None):
+    """The paper grid's configurations, or its sizes at each of ``levels`` (any ``L``)."""
+    if levels is None:
+        return paper_grid()
+    sizes = dict.fromkeys(c._replace(levels=0) for c in paper_grid())
+    return [size._replace(levels=lv) for size in sizes for lv in levels]
+
+
 def parse_variant(text):
     """``TS:THREADS:STRIP:REGS[:ASTRIP]`` -> (Tuning with tiles forced on, analysis strip)."""
     values = [int(v) for v in text.split(":")]
@@ -132,7 +141,7 @@ def main():
         return backward_main(args, backend, bandwidth)
     variants = {v: parse_variant(v) for v in args.variants}
     variants["auto"] = (Tuning(), None)
-    configs = [c for c in paper_grid() if args.levels is None or c.levels in args.levels]
+    configs = grid_configs(args.levels)
 
     specs = set()
     for problem in problems(configs, args.storage, args.k):
@@ -207,11 +216,13 @@ def relative(a, b, storage):
 
 
 def backward_main(args, backend, bandwidth):
-    """``--backward``: plane-kernel backward against tiled backwards (``run_backward``)."""
+    """``--backward``: plane-kernel backward against tiled backwards and the planner's
+    choice (``run_backward``)."""
     from wtconv_cuda.kernels.codegen import FinalizeSpec
     from wtconv_cuda.kernels.launch import FINALIZE_THREADS, run_backward
     variants = {v: parse_variant(v)[0] for v in args.variants}
-    configs = [c for c in paper_grid() if args.levels is None or c.levels in args.levels]
+    variants["auto"] = Tuning()
+    configs = grid_configs(args.levels)
     specs = set()
     for problem in problems(configs, args.storage, args.k):
         specs.add(plan_plane(problem, True, backend.shared_limit, backend.max_slots).spec)

@@ -213,7 +213,7 @@ def test_tiled_forward_is_the_default_for_large_planes(storage):
     assert bool(cupy.array_equal(tiled, plane))
 
 
-#: The tiled backward, forced (the planner does not take it yet): dx and every
+#: The tiled backward, forced (these planes are small): dx and every
 #: weight gradient against the oracle, two runs bit for bit, partial edge tiles.
 TILE_BACKWARD_CASES = [((2, 3, 130, 67), L, k, 64) for L in (0, 1, 3) for k in KERNEL_SIZES]
 TILE_BACKWARD_CASES += [((3, 2, 70, 51), 2, k, 32) for k in KERNEL_SIZES]
@@ -226,6 +226,19 @@ def test_tiled_backward_matches_oracle(shape, levels, k, tile, storage):
     problem = Problem(*shape, k, levels, 1, storage, True)
     assert plan_tiles(problem, backend().shared_limit, tuning, backward=True) is not None
     run_case(shape, levels, k, 1, storage, tuning=tuning)
+
+
+@pytest.mark.parametrize("storage", list(DTYPES))
+@pytest.mark.parametrize("levels", [1, 3])
+def test_tiled_backward_is_the_default_for_large_planes(levels, storage):
+    """The planner's own choice at a paper-grid-like plane: the tiled backward (at L 3 one
+    block per SM, `TILE_SOLO_THREADS` threads), and the oracle holds."""
+    if 5 not in KERNEL_SIZES:
+        pytest.skip("K = 5 runs in another GPU process")
+    shape = (2, 3, 257, 300)
+    problem = Problem(*shape, 5, levels, 1, storage, True)
+    assert plan_tiles(problem, backend().shared_limit, backward=True) is not None
+    run_case(shape, levels, 5, 1, storage)
 
 
 #: Backward work units of several batch entries: ragged last units (B not a

@@ -8,7 +8,9 @@ import pytest
 from wtconv_cuda.kernels.codegen import (
     FinalizeSpec, PlaneSpec, finalize_kernel_source, plane_kernel_source,
 )
-from wtconv_cuda.kernels.tiles import TileSpec, analysis_plan, tile_geometry, tile_kernel_source
+from wtconv_cuda.kernels.tiles import (
+    TileSpec, analysis_plan, phase_stride, tile_geometry, tile_kernel_source,
+)
 
 PLANE_SPECS = [
     PlaneSpec(k, storage, in_stride, out_stride, backward, scratch, threads, strip, 0, group,
@@ -117,9 +119,12 @@ def test_tile_geometry_halos_and_layout():
     geo = tile_geometry(5, 3, 64)
     assert geo.halos == (16, 8, 4)
     assert geo.edges == (96, 48, 24)
+    # phase planes of 48^2, 24^2 and 12^2 values, strides padded to 16 mod 32
+    assert [geo.phase(i) for i in range(3)] == [2320, 592, 144]
+    sizes = (4 * 2320, 4 * 592, 4 * 144)
     taps = 25 + 4 * 25 * 3 + 1
-    assert geo.grids == (taps, taps + 96 ** 2, taps + 96 ** 2 + 48 ** 2)
-    z1 = taps + 96 ** 2 + 48 ** 2 + 24 ** 2
+    assert geo.grids == (taps, taps + sizes[0], taps + sizes[0] + sizes[1])
+    z1 = taps + sum(sizes)
     assert geo.z == (z1, z1 + 4 * 32 ** 2, z1 + 4 * 32 ** 2 + 4 * 16 ** 2)
     assert geo.floats == z1 + 4 * (32 ** 2 + 16 ** 2 + 8 ** 2)
     assert geo.read_amplification == (96 / 64) ** 2
@@ -127,10 +132,20 @@ def test_tile_geometry_halos_and_layout():
     assert tile_geometry(5, 1, 64).edges == (72,)
     # the backward adds x's grids after z, then the reduction area
     back = tile_geometry(5, 3, 64, backward=True, threads=128)
-    assert back.xgrids == (geo.floats, geo.floats + 96 ** 2, geo.floats + 96 ** 2 + 48 ** 2)
-    assert back.reduce == geo.floats + 96 ** 2 + 48 ** 2 + 24 ** 2
-    # 25 chunks of rows per tap row: base 5 * 25 * 5 + 25 sums, level 1 5 * 25 * 20
+    assert back.xgrids == (geo.floats, geo.floats + sizes[0], geo.floats + sizes[0] + sizes[1])
+    assert back.reduce == geo.floats + sum(sizes)
+    # 25 chunks per tap column: base 5 * 25 * 5 + 25 sums, level 1 5 * 25 * 20
     assert back.floats == back.reduce + max(5 * 25 * 5 + 25, 5 * 25 * 20)
+
+
+@pytest.mark.parametrize("edge", [2, 8, 24, 48, 68, 72, 80, 96, 128])
+def test_phase_stride_holds_a_plane_and_spreads_banks(edge):
+    stride = phase_stride(edge)
+    assert (edge // 2) ** 2 <= stride < (edge // 2) ** 2 + 32
+    assert stride % 32 == 16
+    # a row of 32 consecutive columns (even ones in plane 0, odd ones in plane 1)
+    banks = {((c & 1) * stride + (c >> 1)) % 32 for c in range(32)}
+    assert len(banks) == 32
 
 
 @pytest.mark.parametrize("k,levels,tile", [(3, 1, 3), (3, 3, 4), (3, 1, 0), (3, 2, 24)])

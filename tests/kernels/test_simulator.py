@@ -13,8 +13,8 @@ import pytest
 from wtconv_cuda import reference
 from wtconv_cuda.kernels.codegen import single_items_win
 from wtconv_cuda.kernels.launch import (
-    Problem, SimulatorBackend, Tuning, Weights, plan_plane, plan_tiles, run_backward, run_forward,
-    work_buffers,
+    TILE_SOLO_THREADS, TILE_THREADS, Problem, SimulatorBackend, Tuning, Weights, plan_plane,
+    plan_tiles, run_backward, run_forward, work_buffers,
 )
 from wtconv_cuda.kernels.tiles import analysis_plan
 
@@ -325,7 +325,7 @@ def test_tiled_forward_with_eight_row_strips(rng):
     assert np.linalg.norm(y - want) / np.linalg.norm(want) < DTYPES["float32"][1]
 
 
-#: Tiled backwards (forced: the planner does not take them yet), forward and backward
+#: Tiled backwards (forced: these planes are small), forward and backward
 #: on tiles: partial edge tiles, L = 0..3, K 1, 3, 5, float16, no bias.
 TILE_BACKWARD_CASES = [
     ((1, 2, 13, 11), 2, 3, Tuning(tiles=True, tile=8, threads=32, strip=2), "float32", True),
@@ -360,9 +360,22 @@ def test_tiled_backward_buffers_match_requests(rng):
     assert backend.requests == [2 * 2 * 2 * 3 * (9 * 5 + 1)]  # B C tiles_y tiles_x ntaps
 
 
-def test_planner_keeps_the_backward_off_tiles_by_default():
-    """The tiled backward has not been timed on a GPU: only Tuning(tiles=True) takes it."""
-    problem = Problem(8, 64, 512, 512, 5, 1, 1, "float32", True)
-    assert plan_tiles(problem, 227 * 1024 - 1024) is not None
-    assert plan_tiles(problem, 227 * 1024 - 1024, backward=True) is None
-    assert plan_tiles(problem, 227 * 1024 - 1024, Tuning(tiles=True), backward=True) is not None
+def test_planner_takes_the_tiled_backward_for_large_planes():
+    """The backward follows the forward's rule, except that one block per SM may do: then
+    it gets more threads."""
+    limit = 227 * 1024 - 1024
+    for levels, threads in ((1, TILE_THREADS), (3, TILE_SOLO_THREADS)):
+        problem = Problem(8, 64, 512, 512, 5, levels, 1, "float32", True)
+        plan = plan_tiles(problem, limit, backward=True)
+        assert plan is not None and plan.spec.backward and plan.block == threads
+        assert (2 * plan.shared_bytes > limit) == (levels == 3)
+        assert plan_tiles(problem, limit, Tuning(threads=64), backward=True).block == 64
+    # the halo rule (K 5, L 5: 3.0 pixels read per output pixel), small planes, stride 2
+    assert plan_tiles(Problem(8, 64, 512, 512, 5, 5, 1, "float32", True), limit,
+                      backward=True) is None
+    assert plan_tiles(Problem(8, 64, 56, 56, 5, 1, 1, "float32", True), limit,
+                      backward=True) is None
+    assert plan_tiles(Problem(8, 64, 512, 512, 5, 1, 2, "float32", True), limit,
+                      backward=True) is None
+    assert plan_tiles(Problem(8, 64, 512, 512, 5, 1, 1, "float32", True), limit,
+                      Tuning(tiles=False), backward=True) is None

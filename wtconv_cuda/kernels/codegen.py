@@ -998,20 +998,24 @@ def _emit_pair_window(e: _Emitter, K: int, x_at, g0: str, g1: str, pairs: str) -
             e(f"win_{n} = win_{n + 2}")
 
 
-def _emit_block_window(e: _Emitter, K: int, xp: str, gp: str, count: str, phase: str) -> None:
-    """Level-tap correlations along one coefficient row, all four subbands.
+def _emit_block_window(e: _Emitter, K: int, xp: str, gp: str, count: str, phase: str,
+                       step: int = 1) -> None:
+    """Level-tap correlations along one line of coefficients, all four subbands.
 
     A window of ``K`` Haar blocks of ``x`` (``xu{k}_0..xu{k}_{K-1}``, from
-    ``xp + qx``) slides along the row while each gradient block (``gu``, at
-    ``gp + qx``) is formed once; adds into ``acc{k}_{dx}``. Shared by the plane
-    and tile kernels' weight gradients.
+    ``xp + qx * step``) slides along the line while each gradient block
+    (``gu``, at ``gp + qx * step``) is formed once; adds into ``acc{k}_{d}``,
+    ``d`` the window position. ``step`` 1 walks a row (``d`` is the tap
+    column), the grid's pitch a column (``d`` is the tap row). Shared by the
+    plane and tile kernels' weight gradients.
     """
+    walk = "qx" if step == 1 else f"qx * {step}"
     for m in range(K - 1):
-        _butterfly(e, "xu", m, f"{xp} + {m}", phase)
+        _butterfly(e, "xu", m, f"{xp} + {m * step}", phase)
     e(f"for qx in range({count}):")
     with e.indent():
-        _butterfly(e, "xu", K - 1, f"{xp} + qx + {K - 1}", phase)
-        _butterfly(e, "gu", "", f"{gp} + qx", phase)
+        _butterfly(e, "xu", K - 1, f"{xp} + {walk} + {(K - 1) * step}", phase)
+        _butterfly(e, "gu", "", f"{gp} + {walk}", phase)
         for k in range(4):
             for dx in range(K):
                 e(f"acc{k}_{dx} += xu{k}_{dx} * gu{k}_")

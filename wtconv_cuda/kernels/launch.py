@@ -124,8 +124,8 @@ class Tuning(NamedTuple):
         allows it; False always writes partials and runs ``wtconv_finalize``.
     tiles : bool or None
         Run the tiled kernel (:mod:`wtconv_cuda.kernels.tiles`) instead of
-        the plane kernel. None lets :func:`plan_tiles` decide (forwards on
-        large planes; never the backward, not yet timed on a GPU); True takes
+        the plane kernel. None lets :func:`plan_tiles` decide (both passes
+        on large planes, stride 1, a small enough halo); True takes
         the tiles, in both passes, whenever they can run the problem (stride
         1, the buffer in shared memory), however large the halo; False
         never. With tiles, ``threads``, ``strip`` and ``max_registers`` set
@@ -437,6 +437,10 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
 #: Tile kernel defaults: output tile edge and threads per block.
 TILE_EDGE = 64
 TILE_THREADS = 128
+#: Threads of a tiled backward block when only one block fits per SM: at
+#: 8 x 128 x 512 x 512, K 5, L 3 on an H200, 256 threads took 12.2 ms, 128
+#: took 14.3 ms and 512 12.3 ms (``benchmarks/tile_bench.py --backward``).
+TILE_SOLO_THREADS = 256
 #: Most pixels of ``x`` a tile may load per output pixel (the halo's cost).
 TILE_MAX_READ = 2.3
 #: Smallest plane, in pixels, that the tiles take by default when the plane
@@ -487,14 +491,15 @@ def plan_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
     """The tiled kernel's launch for ``problem``, or None where the plane kernel runs it.
 
     The tiles can run a pass with stride 1 whose buffer fits in
-    ``shared_limit``. By default (``tuning.tiles`` None) the forward takes
-    them when the halo keeps the pixels a tile loads per output pixel at
-    most `TILE_MAX_READ`, two blocks fit in ``shared_limit``, the plane is at
-    least one tile each way, and either the plane kernel would need global
-    scratch for it or it has at least `TILE_MIN_PIXELS` pixels. The
-    backward takes them only when ``tuning.tiles`` is True: it has not been
-    timed on a GPU yet. ``tuning.tiles`` True takes every problem they can
-    run, False none.
+    ``shared_limit``. By default (``tuning.tiles`` None) a pass takes them
+    when the halo keeps the pixels a tile loads per output pixel at most
+    `TILE_MAX_READ`, the plane is at least one tile each way, and either the
+    plane kernel would need global scratch for it or it has at least
+    `TILE_MIN_PIXELS` pixels; the forward also needs two blocks to fit in
+    ``shared_limit``. A backward of which only one block fits (its buffer
+    holds the chains of both ``dy`` and ``x``: 127 KB at K 5, L 3) runs
+    `TILE_SOLO_THREADS` threads unless ``tuning.threads`` says otherwise.
+    ``tuning.tiles`` True takes every problem they can run, False none.
 
     Parameters
     ----------
@@ -515,23 +520,28 @@ def plan_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
         Shared through the plan cache: do not modify it.
     """
     p = problem
-    if tuning.tiles is False or p.stride != 1 or (backward and tuning.tiles is not True):
+    if tuning.tiles is False or p.stride != 1:
         return None
     edge = tuning.tile or TILE_EDGE
     if edge < 2 ** max(p.levels, 1):
         return None
     threads = tuning.threads or TILE_THREADS
     geo = tile_geometry(p.kernel_size, p.levels, edge, backward, threads)
+    if backward and not tuning.threads and 2 * 4 * geo.floats > shared_limit:
+        threads = TILE_SOLO_THREADS  # one block per SM: more warps to hide latency
+        geo = tile_geometry(p.kernel_size, p.levels, edge, backward, threads)
     shared_bytes = 4 * geo.floats
     if shared_bytes > shared_limit:
         return None
     if tuning.tiles is None:
-        if geo.read_amplification > TILE_MAX_READ or 2 * shared_bytes > shared_limit:
+        if geo.read_amplification > TILE_MAX_READ:
+            return None
+        if not backward and 2 * shared_bytes > shared_limit:
             return None
         if p.height < edge or p.width < edge:
             return None
         if p.height * p.width < TILE_MIN_PIXELS:
-            plane = plan_plane(p, False, shared_limit, 1, tuning._replace(tiles=False))
+            plane = plan_plane(p, backward, shared_limit, 1, tuning._replace(tiles=False))
             if not plane.spec.scratch:
                 return None
     strip = tuning.strip or 4
@@ -867,9 +877,8 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
     Two launches (plane kernel, then ``wtconv_finalize`` over the partials),
     or one when a block holds all of its channels' work units
     (``PlaneSpec.fused_finalize``, see :func:`plan_plane`). Where
-    :func:`plan_tiles` takes the backward (only when ``tuning.tiles`` is True
-    for now), the tiled kernel and then ``wtconv_finalize`` over its per-tile
-    partials.
+    :func:`plan_tiles` takes the backward, the tiled kernel and then
+    ``wtconv_finalize`` over its per-tile partials.
 
     Parameters
     ----------
@@ -900,8 +909,7 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
     RuntimeError
         `SimulatorBackend` without ``NUMBA_ENABLE_CUDASIM=1``.
     """
-    # (the backward runs on tiles only when asked: skip the plan look-up otherwise)
-    tiled = plan_tiles(problem, backend.shared_limit, tuning, True) if tuning.tiles else None
+    tiled = plan_tiles(problem, backend.shared_limit, tuning, True)
     if tiled is not None:
         partial = backend.float32(tiled.partial_floats)
         args = (dy, dx, x, *weights, partial,

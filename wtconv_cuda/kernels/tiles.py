@@ -143,12 +143,24 @@ class TileGeometry(NamedTuple):
         return (self.edges[0] / ts) ** 2
 
     def phase(self, i: int) -> int:
-        """Elements in one phase plane of grid ``i``."""
-        return (self.edges[i] // 2) ** 2
+        """Offset between the phase planes of grid ``i`` (see :func:`phase_stride`)."""
+        return phase_stride(self.edges[i])
 
     def pitch(self, i: int) -> int:
         """Row pitch of grid ``i``'s phase planes."""
         return self.edges[i] // 2
+
+
+def phase_stride(edge: int) -> int:
+    """Offset between consecutive phase planes of a grid of edge ``edge``.
+
+    A plane holds ``(edge / 2)**2`` values; the stride is the next number
+    that is 16 modulo 32, so a warp whose lanes take consecutive columns of
+    one row (even columns in plane 0, odd ones in plane 1) touches 32
+    different banks.
+    """
+    size = (edge // 2) ** 2
+    return size + (16 - size) % 32
 
 
 def correlation_chunks(kernel_size: int, rows: int, threads: int) -> int:
@@ -214,7 +226,7 @@ def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = Fal
     offset, grids = ntaps, []
     for n in edges:
         grids.append(offset)
-        offset += n * n
+        offset += 4 * phase_stride(n)
     z = []
     for j in range(1, L + 1):
         z.append(offset)
@@ -224,7 +236,7 @@ def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = Fal
     xgrids = []
     for n in edges:
         xgrids.append(offset)
-        offset += n * n
+        offset += 4 * phase_stride(n)
     reduce = offset
     offset += reduce_floats(K, L, TS, threads)
     return TileGeometry(halos, edges, tuple(grids), tuple(z), ntaps, offset, tuple(xgrids),
@@ -579,16 +591,19 @@ def _emit_tile_weight_gradients(e: _Emitter, spec: TileSpec, geo: TileGeometry) 
     over the tile: base taps ``sum_p x[p + d] dy[p]`` at full resolution, the
     bias ``sum_p dy[p]``, level ``j``'s taps ``sum_q Xu_k[q + d] Gu_k[q]`` over
     the tile's coefficients, ``Xu`` and ``Gu`` the Haar blocks (twice the
-    subbands) of the two chains at level ``j - 1``, as in the plane kernel. A
-    work item is (tap row, chunk of rows); it slides a window of ``K + 1``
-    pixels (``K`` Haar blocks) along its rows, so every loaded value feeds
-    ``K`` taps. Thread ``t`` takes chunk ``t // K`` and tap row ``t % K``: the
-    lanes of a warp then read a few neighbouring rows, many of them the same
-    (a broadcast), rather than up to 32 different rows whose phase-plane
-    offsets share banks. The items' sums meet in the reduction area and are added in
-    chunk order (deterministic) into ``part[((c * B + b) * ntiles + tile) *
-    ntaps:]``, which ``wtconv_finalize`` adds up per channel (``B * ntiles``
-    partials) exactly as it adds the plane kernel's.
+    subbands) of the two chains at level ``j - 1``. A work item is (tap
+    column, chunk of columns); it slides a window of ``K + 1`` pixels (``K``
+    Haar blocks) down its columns, so every loaded value feeds ``K`` taps.
+    Thread ``t`` takes chunk ``t // K`` and tap column ``t % K``: all lanes of
+    a warp are in the same row, at a few neighbouring columns (many the same,
+    a broadcast), which the padded phase planes (:func:`phase_stride`) put in
+    different banks. (Lanes in different rows, as the plane kernel's items,
+    met 2- to 4-way bank conflicts: 734 M of them for 582 M shared loads at
+    8 x 128 x 512 x 512, L3, on an H200.) The items' sums meet in the
+    reduction area and are added in chunk order (deterministic) into
+    ``part[((c * B + b) * ntiles + tile) * ntaps:]``, which
+    ``wtconv_finalize`` adds up per channel (``B * ntiles`` partials) exactly
+    as it adds the plane kernel's.
     """
     K, L, TS, NT = spec.kernel_size, spec.levels, spec.tile, spec.threads
     P, K2 = (K - 1) // 2, K * K
@@ -607,22 +622,23 @@ def _emit_tile_weight_gradients(e: _Emitter, spec: TileSpec, geo: TileGeometry) 
     H0, ph0, pitch0 = geo.halos[0], geo.phase(0), geo.pitch(0)
     nch = correlation_chunks(K, TS, NT)
     nit = K * nch
-    e(f"# base taps: item (tap row ty, rows ch, ch + {nch}, ...), columns in pairs",
+    e(f"# base taps: item (tap column tx, columns ch, ch + {nch}, ...), rows in pairs",
       f"if tid < {nit}:")
     with e.indent():
-        e(f"ch = tid // {K}", f"ty = tid - ch * {K}", "gsum = fz",
-          ", ".join(f"acc_{dx}" for dx in range(K)) + " = " + ", ".join("fz" for _ in range(K)),
-          f"for py in range(ch, {TS}, {nch}):")
+        e(f"ch = tid // {K}", f"tx = tid - ch * {K}", "gsum = fz",
+          ", ".join(f"acc_{d}" for d in range(K)) + " = " + ", ".join("fz" for _ in range(K)),
+          f"for px in range(ch, {TS}, {nch}):")
         with e.indent():
-            e(f"grow = {geo.grids[0]} + (py & 1) * {2 * ph0} + ((py >> 1) + {H0 // 2}) * {pitch0}"
-              f" + {H0 // 2}",
-              f"fy = py + ty + {H0 - P}",
-              f"xrow = {geo.xgrids[0]} + (fy & 1) * {2 * ph0} + (fy >> 1) * {pitch0} + {H0 // 2}")
-            _emit_pair_window(e, K, lambda ev, m: f"xrow + {m}{(ev & 1) * ph0 + (ev >> 1)}",
-                              "grow + m", f"grow + {ph0} + m", str(TS // 2))
-        for dx in range(K):
-            e(f"S[{red} + tid * {K} + {dx}] = acc_{dx}")
-        e("if ty == 0:", f"    S[{red + nit * K} + ch] = gsum")
+            e(f"gcol = {geo.grids[0]} + (px & 1) * {ph0} + (px >> 1) + {H0 // 2 * (pitch0 + 1)}",
+              f"fx = px + tx + {H0 - P}",
+              f"xcol = {geo.xgrids[0]} + (fx & 1) * {ph0} + (fx >> 1) + {H0 // 2 * pitch0}")
+            _emit_pair_window(
+                e, K, lambda ev, m: (f"xcol + {f'm * {pitch0} + ' if m else ''}"
+                                     f"{(ev & 1) * 2 * ph0 + (ev >> 1) * pitch0}"),
+                f"gcol + m * {pitch0}", f"gcol + {2 * ph0} + m * {pitch0}", str(TS // 2))
+        for d in range(K):
+            e(f"S[{red} + tid * {K} + {d}] = acc_{d}")
+        e("if tx == 0:", f"    S[{red + nit * K} + ch] = gsum")
     e("cuda.syncthreads()",
       f"for t in range(tid, {K2 + 1}, {NT}):")
     with e.indent():
@@ -630,7 +646,7 @@ def _emit_tile_weight_gradients(e: _Emitter, spec: TileSpec, geo: TileGeometry) 
         with e.indent():
             e(f"ty = t // {K}", f"dx = t - ty * {K}",
               f"for ch in range({nch}):",
-              f"    tot += S[{red} + (ch * {K} + ty) * {K} + dx]")
+              f"    tot += S[{red} + (ch * {K} + dx) * {K} + ty]")
         e("else:")
         with e.indent():
             e(f"for ch in range({nch}):", f"    tot += S[{red + nit * K} + ch]")
@@ -644,22 +660,22 @@ def _emit_tile_weight_gradients(e: _Emitter, spec: TileSpec, geo: TileGeometry) 
         nit = K * nch
         hh = geo.halos[j - 1] // 2
         ph, pitch = geo.phase(j - 1), geo.pitch(j - 1)
-        e(f"# level {j} taps: item (tap row ty, coefficient rows ch, ch + {nch}, ...)",
+        e(f"# level {j} taps: item (tap column tx, coefficient columns ch, ch + {nch}, ...)",
           f"if tid < {nit}:")
         with e.indent():
-            e(f"ch = tid // {K}", f"ty = tid - ch * {K}")
+            e(f"ch = tid // {K}", f"tx = tid - ch * {K}")
             _emit_level_accumulators(e, K)
-            e(f"for qy in range(ch, {n}, {nch}):")
+            e(f"for qc in range(ch, {n}, {nch}):")
             with e.indent():
-                e(f"gp = {geo.grids[j - 1]} + (qy + {hh}) * {pitch} + {hh}",
-                  f"xp = {geo.xgrids[j - 1]} + (qy + ty + {hh - P}) * {pitch} + {hh - P}")
-                _emit_block_window(e, K, "xp", "gp", str(n), str(ph))
+                e(f"gp = {geo.grids[j - 1]} + {hh * pitch + hh} + qc",
+                  f"xp = {geo.xgrids[j - 1]} + {(hh - P) * pitch + hh - P} + qc + tx")
+                _emit_block_window(e, K, "xp", "gp", str(n), str(ph), step=pitch)
             _emit_level_item_sums(e, K, str(red))
         e("cuda.syncthreads()",
           f"for t in range(tid, {4 * K2}, {NT}):")
         with e.indent():
             e(f"k = t // {K2}", f"rem = t - k * {K2}", f"ty = rem // {K}", f"dx = rem - ty * {K}",
               "tot = fz", f"for ch in range({nch}):",
-              f"    tot += S[{red} + ((ch * {K} + ty) * 4 + k) * {K} + dx]",
+              f"    tot += S[{red} + ((ch * {K} + dx) * 4 + k) * {K} + ty]",
               f"part[pbase + {K2 + 1 + (j - 1) * 4 * K2} + t] = tot")
         e("cuda.syncthreads()")

@@ -34,7 +34,7 @@ def variants(kernel_sizes, storages, strides, plane_sizes, levels=range(7),
     except for whether a backward block writes the gradients itself
     (``PlaneSpec.fused_finalize``), so one problem per combination of the
     options, plus the other finalize choice of each backward spec, covers
-    them all. Where the planner runs a forward on tiles
+    them all. Where the planner runs a pass on tiles
     (:func:`~wtconv_cuda.kernels.launch.plan_tiles`), the tile spec is listed
     before the plane specs, which stay in the list (``Tuning(tiles=False)``
     runs them).
@@ -66,9 +66,10 @@ def variants(kernel_sizes, storages, strides, plane_sizes, levels=range(7),
     for k, storage, stride, (h, w), lv, tuning in itertools.product(
             kernel_sizes, storages, strides, plane_sizes, levels, tunings):
         problem = Problem(1, 1, h, w, k, lv, stride, storage, True)
-        tiled = plan_tiles(problem, shared_limit, tuning)
-        if tiled is not None:  # large planes: the tiled forward (the plane one stays warm too)
-            specs.append(tiled.spec)
+        for backward in (False, True):
+            tiled = plan_tiles(problem, shared_limit, tuning, backward)
+            if tiled is not None:  # large planes: the tiles (the plane kernel stays warm too)
+                specs.append(tiled.spec)
         for backward in (False, True):
             spec = plan_plane(problem, backward, shared_limit, DEFAULT_SLOTS, tuning).spec
             specs.append(spec)
