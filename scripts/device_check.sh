@@ -34,7 +34,9 @@
 #   tileprofile  ncu occupancy, warp states, stall reasons and instruction counts of
 #              the tiled forward and backward at 8x128x512x512, L1 and L3 (~2 min)
 #
-# Knobs: TEST_KS (kernel sizes of the sweep, default 3,5,7,9), BENCH_ARGS (extra
+# Knobs: TEST_KS (kernel sizes of the sweep, default 3,5,7,9), TEST_FILTER (a pytest
+# -k expression narrowing the kernels sweep), WARM_PLANES (plane sizes the kernels
+# phase compiles ahead, e.g. "255x257 130x67"), BENCH_ARGS (extra
 # options of the bench, e.g. "--shapes convnext"), TILE_ARGS (options of
 # tile_bench.py), REPORT=1 (load
 # every compiled variant and record registers and local memory: ~1 s a kernel).
@@ -68,8 +70,10 @@ run_kernels() {
   local report=() jobs
   jobs=$(nproc); [ "$jobs" -gt 32 ] && jobs=32
   [ "${REPORT:-0}" = 1 ] && report=(--report "$OUT/kernels.json")
+  # shellcheck disable=SC2086  # WARM_PLANES is a list of plane sizes
   python3 -m wtconv_cuda.kernels.warmup --kernel-sizes ${TEST_KS//,/ } --strides 1 2 --jobs "$jobs" \
-    --planes 17x23 56x56 255x257 1x7 28x28 14x14 7x7 "${report[@]}" 2>&1 | tee "$OUT/warmup.log" | tail -n 5
+    --planes ${WARM_PLANES:-17x23 56x56 255x257 1x7 28x28 14x14 7x7} "${report[@]}" 2>&1 \
+    | tee "$OUT/warmup.log" | tail -n 5
   # One pytest process per GPU, the kernel sizes dealt out round robin.
   local ngpu ks i pids=() rc=0
   ngpu=$(nvidia-smi -L | grep -c '^GPU')
@@ -82,7 +86,7 @@ run_kernels() {
     echo "== oracle sweep on GPU $i (K = $list)"
     CUDA_VISIBLE_DEVICES=$i WTCONV_TEST_GPU=1 WTCONV_TEST_KS=$list timeout "${TEST_TIMEOUT:-420}" \
       python3 -m pytest -q -x -n 8 -p no:cacheprovider -p no:benchmark \
-      tests/gpu/test_gpu_kernels.py >"$OUT/gpu_tests_gpu$i.log" 2>&1 &
+      ${TEST_FILTER:+-k "$TEST_FILTER"} tests/gpu/test_gpu_kernels.py >"$OUT/gpu_tests_gpu$i.log" 2>&1 &
     pids+=($!)
   done
   for i in "${!pids[@]}"; do

@@ -370,6 +370,10 @@ def test_planner_takes_the_tiled_backward_for_large_planes():
         assert plan is not None and plan.spec.backward and plan.block == threads
         assert (2 * plan.shared_bytes > limit) == (levels == 3)
         assert plan_tiles(problem, limit, Tuning(threads=64), backward=True).block == 64
+    # K 9, L 3 fits one block of 128 threads (211 KB) but not of 256 (the reduction area)
+    plan = plan_tiles(Problem(1, 1, 64, 64, 9, 3, 1, "float32", True), limit, Tuning(tiles=True),
+                      backward=True)
+    assert plan is not None and plan.block == TILE_THREADS
     # the halo rule (K 5, L 5: 3.0 pixels read per output pixel), small planes, stride 2
     assert plan_tiles(Problem(8, 64, 512, 512, 5, 5, 1, "float32", True), limit,
                       backward=True) is None

@@ -528,8 +528,10 @@ def plan_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
     threads = tuning.threads or TILE_THREADS
     geo = tile_geometry(p.kernel_size, p.levels, edge, backward, threads)
     if backward and not tuning.threads and 2 * 4 * geo.floats > shared_limit:
-        threads = TILE_SOLO_THREADS  # one block per SM: more warps to hide latency
-        geo = tile_geometry(p.kernel_size, p.levels, edge, backward, threads)
+        # one block per SM: more warps to hide latency, if their larger reduction area fits
+        solo = tile_geometry(p.kernel_size, p.levels, edge, backward, TILE_SOLO_THREADS)
+        if 4 * solo.floats <= shared_limit:
+            threads, geo = TILE_SOLO_THREADS, solo
     shared_bytes = 4 * geo.floats
     if shared_bytes > shared_limit:
         return None
