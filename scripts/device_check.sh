@@ -35,7 +35,8 @@
 #              the tiled forward and backward at 8x128x512x512, L1 and L3 (~2 min)
 #
 # Knobs: TEST_KS (kernel sizes of the sweep, default 3,5,7,9), TEST_FILTER (a pytest
-# -k expression narrowing the kernels sweep), WARM_PLANES (plane sizes the kernels
+# -k expression narrowing the kernels sweep: "255x257 or tiled" takes the large
+# plane's cases, named like 8x64x255x257-L3-K5-s1, and the tiled kernels' tests), WARM_PLANES (plane sizes the kernels
 # phase compiles ahead, e.g. "255x257 130x67"), BENCH_ARGS (extra
 # options of the bench, e.g. "--shapes convnext"), TILE_ARGS (options of
 # tile_bench.py), REPORT=1 (load

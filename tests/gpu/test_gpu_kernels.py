@@ -173,8 +173,14 @@ def run_case(shape, levels, k, stride, storage, bias=True, seed=0, tuning=Tuning
 CASES = [(s, L, k, st) for s in SHAPES for L in LEVELS for k in KERNEL_SIZES for st in STRIDES]
 
 
+def case_id(case):
+    """``8x64x255x257-L3-K5-s1``: ids that ``pytest -k`` (``TEST_FILTER``) can select by shape."""
+    shape, levels, k, stride = case
+    return f"{'x'.join(map(str, shape))}-L{levels}-K{k}-s{stride}"
+
+
 @pytest.mark.parametrize("storage", list(DTYPES))
-@pytest.mark.parametrize("shape,levels,k,stride", CASES)
+@pytest.mark.parametrize("shape,levels,k,stride", CASES, ids=[case_id(c) for c in CASES])
 def test_matches_oracle(shape, levels, k, stride, storage):
     run_case(shape, levels, k, stride, storage)
 
