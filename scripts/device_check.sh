@@ -132,18 +132,30 @@ for r in body:
 EOF
 }
 
+# ncu_sections TAG_PREFIX KERNEL_REGEX TARGET "SHAPE" ... -- EXTRA_NCU_OPTIONS ...: occupancy,
+# warp states, stall reasons (and any extra options) of the second pair of launches of
+# TARGET (a benchmarks/ script) at each SHAPE, condensed by profile_summary.py.
+ncu_sections() {
+  local prefix=$1 regex=$2 target=$3 shape tag
+  shift 3
+  local shapes=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do shapes+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  for shape in "${shapes[@]}"; do
+    tag=${shape// /x}
+    # shellcheck disable=SC2086  # a shape is a list of arguments
+    ncu --launch-skip 2 --launch-count 2 --kernel-name "regex:$regex" \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section SchedulerStats "$@" --csv --page details python3 "benchmarks/$target" $shape \
+      >"$OUT/${prefix}_$tag.csv" 2>"$OUT/${prefix}_$tag.err"
+    python3 benchmarks/profile_summary.py "$OUT/${prefix}_$tag.csv" "$tag"
+  done 2>&1 | tee "$OUT/${prefix}_summary.txt"
+}
+
 run_profile() {
   echo "== where the time goes (ncu: occupancy, warp states, stall reasons)"
-  local shape tag
-  for shape in "64 96 56 56 5 5" "64 768 7 7 2 5"; do
-    tag=${shape// /x}
-    ncu --launch-skip 2 --launch-count 2 --kernel-name regex:wtconv_plane \
-      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-      --section SchedulerStats --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active \
-      --csv --page details python3 benchmarks/ncu_target.py $shape \
-      >"$OUT/profile_$tag.csv" 2>"$OUT/profile_$tag.err"
-    python3 benchmarks/profile_summary.py "$OUT/profile_$tag.csv" "$tag"
-  done 2>&1 | tee "$OUT/profile_summary.txt"
+  ncu_sections profile wtconv_plane ncu_target.py "64 96 56 56 5 5" "64 768 7 7 2 5" -- \
+    --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active"
 }
 
 run_tune() {
@@ -154,17 +166,12 @@ run_tune() {
 
 run_tileprofile() {
   echo "== where the tiles' time goes (ncu, 8x128x512x512, K5, fp32, tiles forced)"
-  local shape tag
-  for shape in "8 128 512 512 1 5" "8 128 512 512 3 5"; do
-    tag=${shape// /x}
-    ncu --launch-skip 2 --launch-count 2 --kernel-name regex:wtconv_tile \
-      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-      --section SchedulerStats --section InstructionStats \
-      --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active,smsp__inst_executed.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,smsp__sass_inst_executed_op_shared_ld.sum,smsp__sass_inst_executed_op_shared_st.sum,dram__bytes_read.sum,dram__bytes_write.sum \
-      --csv --page details python3 benchmarks/tile_ncu_target.py $shape \
-      >"$OUT/tileprofile_$tag.csv" 2>"$OUT/tileprofile_$tag.err"
-    python3 benchmarks/profile_summary.py "$OUT/tileprofile_$tag.csv" "$tag"
-  done 2>&1 | tee "$OUT/tileprofile_summary.txt"
+  local metrics="regex:smsp__average_warps_issue_stalled_.*_per_issue_active"
+  metrics+=",smsp__inst_executed.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum"
+  metrics+=",smsp__sass_inst_executed_op_shared_ld.sum,smsp__sass_inst_executed_op_shared_st.sum"
+  metrics+=",dram__bytes_read.sum,dram__bytes_write.sum"
+  ncu_sections tileprofile wtconv_tile tile_ncu_target.py "8 128 512 512 1 5" "8 128 512 512 3 5" \
+    -- --section InstructionStats --metrics "$metrics"
   # one archive: the device tool returns a limited number of files
   tar czf "$OUT/tileprofile.tgz" -C "$OUT" $(cd "$OUT" && ls tileprofile_*.csv tileprofile_*.err) \
     && rm -f "$OUT"/tileprofile_*.csv "$OUT"/tileprofile_*.err
