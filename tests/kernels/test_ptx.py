@@ -94,6 +94,33 @@ def allowed_local_bytes(spec) -> int:
     return 0
 
 
+def spec_from_repr(text: str):
+    """The kernel spec whose ``repr`` is ``text``."""
+    from wtconv_cuda.kernels.codegen import FinalizeSpec, PlaneSpec
+    from wtconv_cuda.kernels.tiles import TileSpec
+    return eval(text, {"FinalizeSpec": FinalizeSpec, "PlaneSpec": PlaneSpec,
+                       "TileSpec": TileSpec})
+
+
+def local_memory_over_bounds(usage: dict) -> dict:
+    """``{repr: local bytes}`` of the variants in ``usage`` (as the subprocess writes it)
+    that keep more local memory than :func:`allowed_local_bytes`."""
+    return {name: local for name, (_, local, _) in usage.items()
+            if local > allowed_local_bytes(spec_from_repr(name))}
+
+
+def test_local_memory_bounds():
+    from wtconv_cuda.kernels.codegen import PlaneSpec
+    from wtconv_cuda.kernels.tiles import TileSpec
+    tile = repr(TileSpec(5, "float32", 1, 64, 128, 4, 128))
+    capped = repr(PlaneSpec(5, "float32", 1, 1, True, False, 16, 1, 128, 16, True, True))
+    usage = {tile: [95, 0, False], capped: [128, 48, False]}
+    assert local_memory_over_bounds(usage) == {}
+    usage[tile] = [128, 8, False]
+    usage[capped] = [128, 96, False]
+    assert local_memory_over_bounds(usage) == {tile: 8, capped: 96}
+
+
 def test_every_code_path_compiles_without_local_arrays(tmp_path):
     """No local arrays in the PTX, and ptxas (through nvJitLink) leaves no more local
     memory than :func:`allowed_local_bytes` in any variant."""
@@ -107,12 +134,9 @@ def test_every_code_path_compiles_without_local_arrays(tmp_path):
         assert "__local_depot" not in text, f"{path.name} keeps an array in local memory"
     if not usage_file.exists():
         pytest.skip("nvJitLink is not installed: PTX checked, ptxas not run")
-    from wtconv_cuda.kernels.codegen import FinalizeSpec, PlaneSpec  # noqa: F401 (eval)
-    from wtconv_cuda.kernels.tiles import TileSpec  # noqa: F401 (eval)
     usage = json.loads(usage_file.read_text())
     assert len(usage) == count
-    over = {name: local for name, (regs, local, _) in usage.items()
-            if local > allowed_local_bytes(eval(name))}
+    over = local_memory_over_bounds(usage)
     assert not over, f"variants with more local memory than allowed (bytes per thread): {over}"
     assert all(regs > 0 for regs, _, _ in usage.values())
 
