@@ -163,13 +163,14 @@ def phase_stride(edge: int) -> int:
     return size + (16 - size) % 32
 
 
-def correlation_chunks(kernel_size: int, rows: int, threads: int) -> int:
-    """Row chunks per tap row of the backward's correlations over ``rows`` rows.
+def correlation_chunks(kernel_size: int, lines: int, threads: int) -> int:
+    """Chunks per tap column of the backward's correlations over ``lines`` columns.
 
-    Work item ``(tap row, chunk)``: ``K`` tap rows times this many chunks, at
-    most ``threads`` items, each chunk taking every so many rows.
+    Work item ``(tap column, chunk)``: ``K`` tap columns times this many
+    chunks, at most ``threads`` items, each chunk taking every so many
+    columns (see :func:`_emit_tile_weight_gradients`).
     """
-    return max(1, min(rows, threads // kernel_size))
+    return max(1, min(lines, threads // kernel_size))
 
 
 def reduce_floats(kernel_size: int, levels: int, tile: int, threads: int) -> int:
