@@ -10,11 +10,16 @@ tests' job; this script only checks that the tiled output is finite and close
 to the plane kernel's. ``--backward`` times the backward instead (``dx``
 and every weight gradient, roofline ``x`` and ``dy`` read and ``dx``
 written): the plane kernel, each variant asked for and the planner's choice
-("auto"). ``--levels`` takes any level count, at the paper grid's sizes.
+("auto"). ``--levels`` takes any level count, at the paper grid's sizes;
+``--configs`` replaces the grid (``BxCxHxW:L``). ``--splits`` adds, for each
+variant, forwards split at those levels (coarse pre-pass, then the tiles; see
+:func:`wtconv_cuda.kernels.launch.plan_split`), named ``VARIANT/sC``; "auto"
+is the planner's own choice through ``run_forward``.
 
     python benchmarks/tile_bench.py --json tile_bench.json
     python benchmarks/tile_bench.py --variants 64:256:4:128 64:128:4:128:8 32:128:2:0
     python benchmarks/tile_bench.py --backward --levels 1 3 --variants 64:128:4:128
+    python benchmarks/tile_bench.py --configs 64x96x56x56:5 --variants 32:128:4:128 --splits 2
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ import cupy
 from wtconv_cuda._bench.core import CupyEventTimer, paper_grid, time_median
 from wtconv_cuda.kernels.compiler import gpu_kernel, parse_compute_capability
 from wtconv_cuda.kernels.launch import (
-    CupyBackend, Problem, Tuning, Weights, plan_plane, plan_tiles, run_forward,
+    CupyBackend, Problem, Tuning, Weights, plan_plane, plan_split, plan_tiles, planned_specs,
+    run_forward,
 )
 from wtconv_cuda.kernels.warmup import compile_all
 
@@ -87,8 +93,17 @@ def copy_bandwidth(nbytes=1 << 30, repeats=20):
     return 2 * src.nbytes / (timing.median_ms * 1e-3)
 
 
-def grid_configs(levels=None):
-    """The paper grid's configurations, or its sizes at each of ``levels`` (any ``L``)."""
+def grid_configs(levels=None, configs=None):
+    """The paper grid's configurations, or its sizes at each of ``levels`` (any ``L``), or
+    ``configs`` (``BxCxHxW:L`` strings) instead."""
+    if configs:
+        parsed = []
+        for text in configs:
+            dims, lv = text.split(":")
+            b, c, h, w = (int(v) for v in dims.split("x"))
+            parsed.append(paper_grid()[0]._replace(batch=b, channels=c, height=h, width=w,
+                                                   levels=int(lv), grid="custom"))
+        return parsed
     if levels is None:
         return paper_grid()
     sizes = dict.fromkeys(c._replace(levels=0) for c in paper_grid())
@@ -127,6 +142,10 @@ def main():
     parser.add_argument("--variants", nargs="+", default=["64:128:4:128"],
                         metavar="TS:THREADS:STRIP:REGS[:ASTRIP]")
     parser.add_argument("--levels", type=int, nargs="+", default=None)
+    parser.add_argument("--configs", nargs="+", default=None, metavar="BxCxHxW:L",
+                        help="configurations instead of the paper grid")
+    parser.add_argument("--splits", type=int, nargs="+", default=[],
+                        help="forward only: also each variant split at these levels")
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--no-plane", action="store_true", help="skip the plane kernel")
     parser.add_argument("--backward", action="store_true",
@@ -140,8 +159,11 @@ def main():
     if args.backward:
         return backward_main(args, backend, bandwidth)
     variants = {v: parse_variant(v) for v in args.variants}
-    variants["auto"] = (Tuning(), None)
-    configs = grid_configs(args.levels)
+    # whole runs through run_forward: split variants and the planner's choice
+    whole = {f"{v}/s{c}": tuning._replace(split=c)
+             for v, (tuning, _) in variants.items() for c in args.splits}
+    whole["auto"] = Tuning()
+    configs = grid_configs(args.levels, args.configs)
 
     specs = set()
     for problem in problems(configs, args.storage, args.k):
@@ -152,6 +174,10 @@ def main():
             plan = tile_plan(problem, backend, variant)
             if plan is not None:
                 specs.add(plan.spec)
+        for tuning in whole.values():
+            if tuning.split is None or plan_split(problem, backend.shared_limit, tuning):
+                specs.update(planned_specs(problem, False, backend.shared_limit,
+                                           backend.max_slots, tuning))
     kernels = kernel_report(specs, backend)
 
     rng = np.random.default_rng(0)
@@ -163,15 +189,17 @@ def main():
         nbytes = 2 * xs[0].size * ITEMSIZE[storage]
         row = {"config": f"{b}x{c}x{h}x{w} L{L} K{k}", "storage": storage, "ms": {},
                "roofline": {}}
-        runs = [] if args.no_plane else [("plane", None)]
+        runs = [] if args.no_plane else [("plane", Tuning(tiles=False))]
         runs += [(name, plan) for name, plan in
                  ((n, tile_plan(problem, backend, v)) for n, v in variants.items())
                  if plan is not None]
+        runs += [(name, tuning) for name, tuning in whole.items()
+                 if tuning.split is None or plan_split(problem, backend.shared_limit, tuning)]
         reference = None
         for name, plan in runs:
             def forward(i, plan=plan):
-                if plan is None:
-                    run_forward(backend, problem, xs[i], y, weights, Tuning(tiles=False))
+                if isinstance(plan, Tuning):
+                    run_forward(backend, problem, xs[i], y, weights, plan)
                 else:
                     launch_tiles(backend, plan, problem, xs[i], y, weights)
             ms = time_median(forward, [(i,) for i in range(3)], CupyEventTimer(cupy), 30,
@@ -188,8 +216,8 @@ def main():
                 row.setdefault("diff_vs_first", {})[name] = diff
                 row.setdefault("bitwise_equal_first", {})[name] = bool(
                     cupy.array_equal(out, reference))
-        plan = plan_tiles(problem, backend.shared_limit, Tuning())
-        row["auto_plan"] = repr(plan.spec) if plan else "plane"
+        row["auto_plan"] = [repr(spec) for spec in planned_specs(
+            problem, False, backend.shared_limit, backend.max_slots)]
         rows.append(row)
         cells = "  ".join(f"{n} {row['ms'][n]:.3f} ms ({100 * row['roofline'][n]:.1f}%)"
                           for n in row["ms"])
@@ -222,7 +250,7 @@ def backward_main(args, backend, bandwidth):
     from wtconv_cuda.kernels.launch import FINALIZE_THREADS, run_backward
     variants = {v: parse_variant(v)[0] for v in args.variants}
     variants["auto"] = Tuning()
-    configs = grid_configs(args.levels)
+    configs = grid_configs(args.levels, args.configs)
     specs = set()
     for problem in problems(configs, args.storage, args.k):
         specs.add(plan_plane(problem, True, backend.shared_limit, backend.max_slots).spec)

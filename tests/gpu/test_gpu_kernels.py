@@ -26,7 +26,8 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 
 from wtconv_cuda import reference  # noqa: E402
 from wtconv_cuda.kernels.launch import (  # noqa: E402
-    CupyBackend, Problem, Tuning, Weights, plan_plane, plan_tiles, run_backward, run_forward,
+    CupyBackend, Problem, Tuning, Weights, plan_plane, plan_split, plan_tiles, run_backward,
+    run_forward,
 )
 from wtconv_cuda.weights import WTConvWeights  # noqa: E402
 
@@ -217,6 +218,37 @@ def test_tiled_forward_is_the_default_for_large_planes(storage):
     tiled = check_forward(shape, levels, 5, storage, Tuning())
     plane = check_forward(shape, levels, 5, storage, Tuning(tiles=False))
     assert bool(cupy.array_equal(tiled, plane))
+
+
+#: The split forward, forced: coarse pre-pass, coarse levels on the pooled planes,
+#: fine levels on tiles. (shape, levels, k, split, tile): odd planes with partial
+#: edge tiles, splits at 1, 2 and 3, and a ConvNeXt-T stage plane.
+SPLIT_CASES = [((2, 3, 130, 67), 3, k, 1, 32) for k in KERNEL_SIZES]
+SPLIT_CASES += [((2, 3, 130, 67), 5, k, 2, 32) for k in KERNEL_SIZES]
+SPLIT_CASES += [((3, 2, 70, 51), 6, k, 3, 16) for k in KERNEL_SIZES]
+SPLIT_CASES += [((4, 8, 56, 56), 5, k, 2, 32) for k in KERNEL_SIZES]
+
+
+@pytest.mark.parametrize("storage", list(DTYPES))
+@pytest.mark.parametrize("shape,levels,k,split,tile", SPLIT_CASES)
+def test_split_forward_matches_oracle(shape, levels, k, split, tile, storage):
+    tuning = Tuning(split=split, tile=tile)
+    plan = plan_split(Problem(*shape, k, levels, 1, storage, True), backend().shared_limit,
+                      tuning)
+    assert plan is not None and plan.split == split
+    check_forward(shape, levels, k, storage, tuning)
+    if k == 3:
+        check_forward(shape, levels, k, storage, tuning, bias=False)
+
+
+@pytest.mark.parametrize("storage", list(DTYPES))
+def test_split_forward_is_the_default_for_deep_levels_on_large_planes(storage):
+    if 5 not in KERNEL_SIZES:
+        pytest.skip("K = 5 runs in another GPU process")
+    shape, levels = (2, 4, 257, 300), 5
+    problem = Problem(*shape, 5, levels, 1, storage, True)
+    assert plan_split(problem, backend().shared_limit).split == 3
+    check_forward(shape, levels, 5, storage, Tuning())
 
 
 #: The tiled backward, forced (these planes are small): dx and every

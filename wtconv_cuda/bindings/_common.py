@@ -392,3 +392,7 @@ class PointerLauncher:
         owner, pointer = self._allocate(max(int(n), 1))
         self.keep.append(owner)
         return np.uint64(pointer)
+
+    def view(self, buffer, start: int, count: int):
+        """Device address of element ``start`` of a work buffer from :meth:`float32`."""
+        return np.uint64(int(buffer) + 4 * int(start))

@@ -19,7 +19,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from . import codegen, tiles
+from . import coarse, codegen, tiles
 
 #: Bump when the kernel ABI or generated code changes in a way the source
 #: hash alone would not capture.
@@ -130,7 +130,7 @@ def finalize_signature(storage: str) -> tuple:
     return (types.CPointer(types.float32),) + (st,) * 10 + (types.CPointer(types.int64),)
 
 
-def tile_signature(storage: str, backward: bool = False) -> tuple:
+def tile_signature(storage: str, backward: bool = False, with_coarse: bool = False) -> tuple:
     """Argument types of ``wtconv_tile`` (see :mod:`wtconv_cuda.kernels.tiles`).
 
     Parameters
@@ -139,6 +139,9 @@ def tile_signature(storage: str, backward: bool = False) -> tuple:
         ``"float32"``, ``"float16"`` or ``"bfloat16"`` (passed as ``uint16``).
     backward : bool, default False
         The backward variant's arguments instead.
+    with_coarse : bool, default False
+        A variant fed by a coarse pre-pass (``TileSpec.coarse``): a float32
+        pointer ``coarse`` and int64 ``Hc, Wc`` at the end.
 
     Returns
     -------
@@ -157,15 +160,40 @@ def tile_signature(storage: str, backward: bool = False) -> tuple:
     """
     from numba import types
     st = types.CPointer(_storage_type(storage))
+    extra = (types.CPointer(types.float32), types.int64, types.int64) if with_coarse else ()
     if backward:
-        return (st,) * 8 + (types.CPointer(types.float32),) + (types.int64,) * 7
-    return (st,) * 7 + (types.int64,) * 6
+        return (st,) * 8 + (types.CPointer(types.float32),) + (types.int64,) * 7 + extra
+    return (st,) * 7 + (types.int64,) * 6 + extra
+
+
+def coarse_in_signature(storage: str, pooled: int = 1) -> tuple:
+    """Argument types of ``wtconv_coarse_in`` (see :mod:`wtconv_cuda.kernels.coarse`).
+
+    Parameters
+    ----------
+    storage : str
+        ``"float32"``, ``"float16"`` or ``"bfloat16"`` (passed as ``uint16``).
+    pooled : int, default 1
+        Arrays pooled (1: ``x``; 2: ``x`` and ``dy``).
+
+    Returns
+    -------
+    tuple of numba types
+        Pointers to the storage type for the pooled arrays, ``ww`` and
+        ``ws``, a float32 pointer for ``buf``, then ten int64 scalars.
+    """
+    from numba import types
+    st = types.CPointer(_storage_type(storage))
+    return (st,) * (pooled + 2) + (types.CPointer(types.float32),) + (types.int64,) * 10
 
 
 def _source_for(spec) -> tuple[str, str, tuple]:
     if isinstance(spec, tiles.TileSpec):
         return (tiles.tile_kernel_source(spec), "wtconv_tile",
-                tile_signature(spec.storage, spec.backward))
+                tile_signature(spec.storage, spec.backward, spec.coarse))
+    if isinstance(spec, coarse.CoarseSpec):
+        return (coarse.coarse_in_source(spec), "wtconv_coarse_in",
+                coarse_in_signature(spec.storage, spec.pooled))
     if isinstance(spec, codegen.PlaneSpec):
         source = codegen.plane_kernel_source(spec)  # validates the spec first
         return source, "wtconv_plane", plane_signature(spec.storage, spec.fused_finalize)

@@ -20,6 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import compiler
+from .coarse import COARSE_THREADS, CoarseLayout, CoarseSpec, coarse_layout
 from .codegen import FinalizeSpec, PlaneSpec
 from .tiles import TileSpec, tile_geometry
 from .driver import driver_launch
@@ -132,6 +133,12 @@ class Tuning(NamedTuple):
         the tile kernel's (defaults `TILE_THREADS`, 4 and `REGISTER_CAP`).
     tile : int or None
         Tile edge (a power of two; default `TILE_EDGE`).
+    split : int or None
+        Levels the tiles run when the levels above them go to a coarse
+        pre-pass (:mod:`wtconv_cuda.kernels.coarse`, :func:`plan_split`).
+        None lets the planner decide; ``c`` with ``1 <= c < L`` splits there
+        whenever the tiles can run ``c`` levels (as with ``tiles`` True);
+        any other value never splits.
     """
 
     threads: int | None = None
@@ -143,6 +150,7 @@ class Tuning(NamedTuple):
     fuse_finalize: bool | None = None
     tiles: bool | None = None
     tile: int | None = None
+    split: int | None = None
 
 
 #: Bytes per element of each storage dtype.
@@ -562,6 +570,101 @@ def plan_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
     return TileLaunch(spec, grid, threads, shared_bytes, tiles_x, ntiles, ntaps, dims)
 
 
+class SplitPlan(NamedTuple):
+    """A pass split at level ``split``: coarse pre-pass, then the tiles.
+
+    Attributes
+    ----------
+    split : int
+        ``c``: the levels the tiles run.
+    coarse_in : CoarseSpec
+        The ``wtconv_coarse_in`` variant that pools the input(s) and copies
+        the coarse levels' parameters.
+    grid : int
+        Blocks of the ``wtconv_coarse_in`` launch.
+    layout : CoarseLayout
+        Offsets in the work buffer (:func:`wtconv_cuda.kernels.coarse.coarse_layout`).
+    coarse : Problem
+        The coarse pass: ``(B, C, ceil(H / 2**c), ceil(W / 2**c))``, ``L - c``
+        levels, stride 1, float32, no bias.
+    tiles : TileLaunch
+        The fine levels' tile launch (``spec.coarse`` set).
+    """
+
+    split: int
+    coarse_in: CoarseSpec
+    grid: int
+    layout: CoarseLayout
+    coarse: Problem
+    tiles: TileLaunch
+
+    def coarse_in_args(self, problem: Problem) -> tuple:
+        """The int64 scalars of the ``wtconv_coarse_in`` launch, after its pointers."""
+        p, q, lay = problem, self.coarse, self.layout
+        K2, c = p.kernel_size ** 2, self.split
+        return _int64s(p.height, p.width, q.height, q.width, lay.plane,
+                       lay.wavelet_weight - lay.base_weight, q.levels * p.channels * 4 * K2,
+                       q.levels * p.channels * 4, c * p.channels * 4 * K2, c * p.channels * 4)
+
+
+@lru_cache(maxsize=1024)
+def plan_split(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
+               backward: bool = False):
+    """Split a pass too deep for the tiles at level ``c``: a coarse pre-pass, then tiles.
+
+    The tiles' halo doubles with every level (:mod:`wtconv_cuda.kernels.tiles`).
+    Where :func:`plan_tiles` takes a stride-1 problem at ``c < L`` levels
+    but not at ``L``, the levels above ``c`` run first on the raw LL band of
+    level ``c``, a ``4**c`` times smaller problem (:mod:`.coarse`), and the
+    tiles run ``c`` levels with the result. By default the largest such
+    ``c``; ``tuning.split`` forces one.
+
+    Parameters
+    ----------
+    problem : Problem
+        The layer call.
+    shared_limit : int
+        Bytes of dynamic shared memory a block may use.
+    tuning : Tuning, optional
+        ``split`` and everything :func:`plan_tiles` reads.
+    backward : bool, default False
+        Plan the backward. Not split yet: always None.
+
+    Returns
+    -------
+    SplitPlan or None
+        None where the pass does not split. Shared through the plan cache.
+    """
+    p = problem
+    if backward or p.stride != 1 or p.levels < 2 or tuning.tiles is False:
+        return None
+    if tuning.split is not None:
+        if not 1 <= tuning.split < p.levels:
+            return None
+        choices = [tuning.split]
+        tuning = tuning._replace(tiles=True)
+    else:
+        if plan_tiles(p, shared_limit, tuning, backward) is not None:
+            return None
+        choices = range(p.levels - 1, 0, -1)
+    for c in choices:
+        fine = plan_tiles(p._replace(levels=c), shared_limit, tuning, backward)
+        if fine is not None:
+            break
+    else:
+        return None
+    fine = fine._replace(spec=fine.spec._replace(coarse=True))
+    coarse = Problem(p.batch, p.channels, -(-p.height >> c), -(-p.width >> c), p.kernel_size,
+                     p.levels - c, 1, "float32", False)
+    layout = coarse_layout(p.batch, p.channels, coarse.height, coarse.width, p.kernel_size,
+                           coarse.levels, backward)
+    spec = CoarseSpec(p.storage, c, 2 if backward else 1)
+    items = layout.plane + (layout.wavelet_scale + coarse.levels * p.channels * 4
+                            - layout.base_weight)
+    grid = -(-items // COARSE_THREADS)
+    return SplitPlan(c, spec, grid, layout, coarse, fine)
+
+
 class CupyBackend:
     """Launches on the current CuPy device and stream.
 
@@ -694,6 +797,10 @@ class CupyBackend:
         """
         return self._cupy.empty(max(n, 1), dtype=self._cupy.float32)
 
+    def view(self, buffer, start: int, count: int):
+        """Elements ``start .. start + count`` of a float32 work buffer (a view)."""
+        return buffer[start:start + count]
+
 
 class SimulatorBackend:
     """Runs the generated kernels in numba's CUDA simulator on NumPy arrays.
@@ -783,6 +890,10 @@ class SimulatorBackend:
         """
         return np.full(max(n, 1), np.nan, dtype=np.float32)
 
+    def view(self, buffer, start: int, count: int):
+        """Elements ``start .. start + count`` of a float32 work buffer (a view)."""
+        return buffer[start:start + count]
+
 
 def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots: int,
                  tuning: Tuning = Tuning()) -> tuple[int, ...]:
@@ -812,8 +923,14 @@ def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots:
         finalize), ``(tiles * ntaps,)`` for a tiled backward
         (:attr:`TileLaunch.partial_floats`),
         ``([scratch])`` forward (an empty tuple when no scratch is needed or
-        the forward runs on tiles).
+        the forward runs on tiles); a split pass (:func:`plan_split`) asks
+        for its coarse work buffer first, then for the coarse problem's
+        buffers.
     """
+    split = plan_split(problem, shared_limit, tuning, backward)
+    if split is not None:
+        return (split.layout.floats,) + work_buffers(split.coarse, backward, shared_limit,
+                                                     max_slots)
     tiled = plan_tiles(problem, shared_limit, tuning, backward)
     if tiled is not None:
         return (tiled.partial_floats,) if backward else ()
@@ -822,6 +939,39 @@ def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots:
     if launch.scratch_floats:
         sizes.append(launch.scratch_floats)
     return tuple(sizes)
+
+
+def planned_specs(problem: Problem, backward: bool, shared_limit: int, max_slots: int,
+                  tuning: Tuning = Tuning()) -> list:
+    """The kernel specs :func:`run_forward` / :func:`run_backward` launch, in launch order.
+
+    Parameters
+    ----------
+    problem : Problem
+        The layer call.
+    backward : bool
+        The backward pass instead of the forward one.
+    shared_limit, max_slots : int
+        The backend's limits, as passed to :func:`plan_plane`.
+    tuning : Tuning, optional
+        The overrides the call will use.
+
+    Returns
+    -------
+    list of CoarseSpec, TileSpec, PlaneSpec and FinalizeSpec
+        A split pass lists ``wtconv_coarse_in``, the coarse problem's specs
+        (planned with the default tuning), then the tiles.
+    """
+    split = plan_split(problem, shared_limit, tuning, backward)
+    if split is not None:
+        return ([split.coarse_in] + planned_specs(split.coarse, backward, shared_limit, max_slots)
+                + [split.tiles.spec])
+    finalize = FinalizeSpec(problem.kernel_size, problem.storage, FINALIZE_THREADS)
+    tiled = plan_tiles(problem, shared_limit, tuning, backward)
+    if tiled is not None:
+        return [tiled.spec, finalize] if backward else [tiled.spec]
+    spec = plan_plane(problem, backward, shared_limit, max_slots, tuning).spec
+    return [spec, finalize] if backward and not spec.fused_finalize else [spec]
 
 
 def _int64s(*values):
@@ -834,7 +984,9 @@ def run_forward(backend, problem: Problem, x, y, weights: Weights,
     """Launch the fused forward: ``y = WTConv(x)``.
 
     One launch: the tiled kernel where :func:`plan_tiles` takes the problem,
-    else the plane kernel.
+    else the plane kernel. Where :func:`plan_split` splits it, three or more:
+    ``wtconv_coarse_in``, the coarse levels' forward (itself planned by these
+    rules), then the tiles.
 
     Parameters
     ----------
@@ -858,6 +1010,10 @@ def run_forward(backend, problem: Problem, x, y, weights: Weights,
     RuntimeError
         `SimulatorBackend` without ``NUMBA_ENABLE_CUDASIM=1``.
     """
+    split = plan_split(problem, backend.shared_limit, tuning)
+    if split is not None:
+        _run_forward_split(backend, problem, x, y, weights, split)
+        return
     tiled = plan_tiles(problem, backend.shared_limit, tuning)
     if tiled is not None:
         args = (x, y, *weights, *_int64s(problem.height, problem.width, problem.channels,
@@ -870,6 +1026,28 @@ def run_forward(backend, problem: Problem, x, y, weights: Weights,
     scratch = backend.float32(launch.scratch_floats) if launch.scratch_floats else geo
     args = (x, y, x, *weights, geo, scratch, geo, *launch.header)
     backend.call(backend.kernel(launch.spec), launch.grid, launch.block, args, launch.shared_bytes)
+
+
+def _run_forward_split(backend, problem: Problem, x, y, weights: Weights,
+                       split: SplitPlan) -> None:
+    """The forward of a split pass: pool, coarse levels, then the fine levels on tiles."""
+    lay, q, tiled = split.layout, split.coarse, split.tiles
+    buf = backend.float32(lay.floats)
+    backend.call(backend.kernel(split.coarse_in), split.grid, COARSE_THREADS,
+                 (x, weights.wavelet_weight, weights.wavelet_scale, buf,
+                  *split.coarse_in_args(problem)), 0)
+    # Exact views: the simulator copies each array argument in and out.
+    C, K2, n = problem.channels, problem.kernel_size ** 2, q.levels
+    scale = backend.view(buf, lay.base_scale, C)
+    coarse_weights = Weights(backend.view(buf, lay.base_weight, C * K2), scale, scale,
+                             backend.view(buf, lay.wavelet_weight, n * C * 4 * K2),
+                             backend.view(buf, lay.wavelet_scale, n * C * 4))
+    out = backend.view(buf, lay.out, lay.plane)
+    run_forward(backend, q, backend.view(buf, lay.pooled[0], lay.plane), out, coarse_weights)
+    args = (x, y, *weights, *_int64s(problem.height, problem.width, problem.channels,
+                                     int(problem.has_bias), tiled.tiles_x, tiled.ntiles),
+            out, *_int64s(q.height, q.width))
+    backend.call(backend.kernel(tiled.spec), tiled.grid, tiled.block, args, tiled.shared_bytes)
 
 
 def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: Weights,

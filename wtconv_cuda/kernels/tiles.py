@@ -88,6 +88,11 @@ class TileSpec(NamedTuple):
         flipped taps and no bias writes ``dx``; then the tile of ``x`` and its
         LL chain are loaded and correlated with ``dy``'s, and the tile's
         weight-gradient sums go to a partial (see :func:`tile_kernel_source`).
+    coarse : bool
+        The levels above ``levels`` ran in a coarse pre-pass
+        (:mod:`.coarse`): the kernel takes its float32 output ``r`` of
+        ``(B, C, Hc, Wc)`` values and adds it to the top level's convolved
+        LL subband before the synthesis.
     """
 
     kernel_size: int
@@ -99,6 +104,7 @@ class TileSpec(NamedTuple):
     max_registers: int = 0
     analysis_strip: int = 8
     backward: bool = False
+    coarse: bool = False
 
 
 class TileGeometry(NamedTuple):
@@ -293,7 +299,10 @@ def tile_kernel_source(spec: TileSpec) -> str:
     ntiles``; it needs ``4 * tile_geometry(...).floats`` bytes of dynamic
     shared memory and ``spec.threads`` threads. The backward writes ``dx``
     like the forward writes ``y`` (flipped taps, no bias), then the tile's
-    weight-gradient sums (:func:`_emit_tile_weight_gradients`).
+    weight-gradient sums (:func:`_emit_tile_weight_gradients`). With
+    ``spec.coarse`` both take three more arguments at the end, ``coarse`` (a
+    float32 pointer to the coarse pass's ``(B, C, Hc, Wc)`` output) and int64
+    ``Hc, Wc``.
 
     Parameters
     ----------
@@ -326,11 +335,12 @@ def tile_kernel_source(spec: TileSpec) -> str:
         raise ValueError(f"threads must be a positive multiple of 32, got {NT}")
 
     e = _Emitter()
+    extra = ", coarse, Hc, Wc" if spec.coarse else ""
     if spec.backward:
         e("def wtconv_tile(grad_out, grad_in, x, w0, b0, s0, ww, ws, part, H, W, C, has_bias, "
-          "tiles_x, ntiles, B):")
+          f"tiles_x, ntiles, B{extra}):")
     else:
-        e("def wtconv_tile(x, y, w0, b0, s0, ww, ws, H, W, C, has_bias, tiles_x, ntiles):")
+        e(f"def wtconv_tile(x, y, w0, b0, s0, ww, ws, H, W, C, has_bias, tiles_x, ntiles{extra}):")
     source = "grad_out" if spec.backward else "x"  # dy, or x
     with e.indent():
         e("S = cuda.shared.array(0, dtype=float32)",
@@ -358,6 +368,9 @@ def tile_kernel_source(spec: TileSpec) -> str:
                 _emit_tile_strips(e, spec, geo, j, Qj)
             else:
                 _emit_tile_singles(e, spec, geo, j)
+            e("cuda.syncthreads()")
+        if spec.coarse:
+            _emit_coarse_add(e, spec, geo)
             e("cuda.syncthreads()")
         for j in range(L, 1, -1):
             _emit_tile_synthesis(e, spec, geo, j)
@@ -502,6 +515,26 @@ def _emit_tile_singles(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int) -
             for dy in range(K):
                 e(f"p = base + {dy * pitch} + dx", f"acc += S[wk + {dy * K} + dx] * ({band})")
         e(f"S[{zo} + k * {n * n} + q] = acc")
+
+
+def _emit_coarse_add(e: _Emitter, spec: TileSpec, geo: TileGeometry) -> None:
+    """Add the coarse pass's output to the top level's convolved LL subband.
+
+    Level ``L``'s coefficient ``(qy, qx)`` of the tile is ``(oy >> L) + qy,
+    (ox >> L) + qx`` of the coarse planes; those outside the ``Hc x Wc``
+    grid only feed pixels outside the image and are left as they are.
+    """
+    L, NT = spec.levels, spec.threads
+    if L < 1:
+        raise ValueError("a coarse pre-pass needs at least one fine level")
+    n = spec.tile >> L
+    e(f"# the coarse levels' synthesis, into level {L}'s LL subband",
+      "cbase = plane * Hc * Wc", f"cy0 = oy >> {L}", f"cx0 = ox >> {L}",
+      f"for it in range(tid, {n * n}, {NT}):")
+    with e.indent():
+        e(f"qy = it // {n}", f"qx = it - qy * {n}", "gy = cy0 + qy", "gx = cx0 + qx",
+          "if gy < Hc and gx < Wc:",
+          f"    S[{geo.z[L - 1]} + it] += coarse[cbase + gy * Wc + gx]")
 
 
 def _emit_tile_synthesis(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int) -> None:

@@ -20,7 +20,9 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 from .codegen import STORAGE, FinalizeSpec
-from .launch import FINALIZE_THREADS, Problem, Tuning, plan_plane, plan_tiles
+from .launch import (
+    FINALIZE_THREADS, Problem, Tuning, plan_plane, plan_split, plan_tiles, planned_specs,
+)
 
 DEFAULT_SHARED_LIMIT = 227 * 1024 - 1024  # H100/H200 opt-in limit, less a margin
 DEFAULT_SLOTS = 264
@@ -37,7 +39,9 @@ def variants(kernel_sizes, storages, strides, plane_sizes, levels=range(7),
     them all. Where the planner runs a pass on tiles
     (:func:`~wtconv_cuda.kernels.launch.plan_tiles`), the tile spec is listed
     before the plane specs, which stay in the list (``Tuning(tiles=False)``
-    runs them).
+    runs them); where it splits a pass
+    (:func:`~wtconv_cuda.kernels.launch.plan_split`), the pre-pass, the
+    coarse problem's specs and the tiles.
 
     Parameters
     ----------
@@ -58,7 +62,7 @@ def variants(kernel_sizes, storages, strides, plane_sizes, levels=range(7),
 
     Returns
     -------
-    list of TileSpec, PlaneSpec and FinalizeSpec
+    list of CoarseSpec, TileSpec, PlaneSpec and FinalizeSpec
         Without duplicates, in first-planned order: the tile and plane specs,
         then one finalize spec per kernel size and storage.
     """
@@ -70,6 +74,11 @@ def variants(kernel_sizes, storages, strides, plane_sizes, levels=range(7),
             tiled = plan_tiles(problem, shared_limit, tuning, backward)
             if tiled is not None:  # large planes: the tiles (the plane kernel stays warm too)
                 specs.append(tiled.spec)
+            elif plan_split(problem, shared_limit, tuning, backward) is not None:
+                # deep levels on large planes: coarse pre-pass, coarse problem, tiles
+                specs.extend(s for s in planned_specs(problem, backward, shared_limit,
+                                                      DEFAULT_SLOTS, tuning)
+                             if not isinstance(s, FinalizeSpec))
         for backward in (False, True):
             spec = plan_plane(problem, backward, shared_limit, DEFAULT_SLOTS, tuning).spec
             specs.append(spec)

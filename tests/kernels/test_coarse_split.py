@@ -1,0 +1,140 @@
+"""The split forward (coarse pre-pass, coarse problem, fine levels on tiles).
+
+Planner rules run anywhere; the kernels run in numba's CUDA simulator against
+the float64 oracle, on tiny odd planes with tiles forced small.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+from wtconv_cuda import reference
+from wtconv_cuda.kernels.coarse import CoarseSpec, coarse_in_source, coarse_layout
+from wtconv_cuda.kernels.launch import (
+    Problem, SimulatorBackend, Tuning, Weights, plan_split, plan_tiles, planned_specs,
+    run_forward, work_buffers,
+)
+from wtconv_cuda.kernels.tiles import TileSpec, tile_kernel_source
+
+from ..conftest import random_weights
+
+LIMIT = 227 * 1024 - 1024
+simulator = pytest.mark.skipif(os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
+                               reason="needs numba's CUDA simulator")
+
+
+class _RecordingBackend(SimulatorBackend):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.requests = []
+
+    def float32(self, n):
+        self.requests.append(n)
+        return super().float32(n)
+
+
+#: (shape, levels, k, split, tile, threads, strip, storage, bias): odd planes with
+#: partial edge tiles, splits at 1 and 2, K 3 and 5, float16, no bias.
+SPLIT_CASES = [
+    ((1, 2, 21, 19), 3, 3, 1, 8, 32, 2, "float32", True),
+    ((1, 1, 20, 18), 4, 3, 2, 8, 32, 2, "float16", False),
+    ((2, 1, 17, 12), 3, 5, 2, 8, 32, 4, "float32", True),
+]
+
+
+@simulator
+@pytest.mark.parametrize("shape,levels,k,split,tile,threads,strip,storage,bias", SPLIT_CASES)
+def test_split_forward_matches_oracle(rng, shape, levels, k, split, tile, threads, strip,
+                                      storage, bias):
+    dtype, tol = {"float32": (np.float32, 2e-6), "float16": (np.float16, 2e-3)}[storage]
+    b, c, h, w = shape
+    x = rng.standard_normal(shape).astype(dtype)
+    wts = random_weights(rng, c, k, levels, bias=bias, dtype=dtype)
+    weights = Weights(wts.base_weight, wts.base_bias if bias else wts.base_scale,
+                      wts.base_scale, wts.wavelet_weight, wts.wavelet_scale)
+    problem = Problem(b, c, h, w, k, levels, 1, storage, bias)
+    tuning = Tuning(split=split, tile=tile, threads=threads, strip=strip)
+    backend = _RecordingBackend()
+    plan = plan_split(problem, backend.shared_limit, tuning)
+    assert plan is not None and plan.split == split and plan.tiles.spec.levels == split
+    assert plan.coarse == Problem(b, c, -(-h >> split), -(-w >> split), k, levels - split, 1,
+                                  "float32", False)
+    before = [a.copy() for a in (x, *weights)]
+    y = np.full(shape, np.nan, dtype)
+    run_forward(backend, problem, x, y, weights, tuning)
+    for a, a_before in zip((x, *weights), before):
+        np.testing.assert_array_equal(a, a_before)
+    assert tuple(backend.requests) == work_buffers(problem, False, backend.shared_limit,
+                                                   backend.max_slots, tuning)
+    assert backend.requests[0] == plan.layout.floats
+    assert np.isfinite(y).all(), "unwritten (NaN) outputs"
+    want = reference.forward(x, wts, levels, 1)
+    assert np.linalg.norm(y.astype(np.float64) - want) / np.linalg.norm(want) < tol
+
+
+def test_planner_splits_deep_levels_on_large_planes():
+    """Default: the deepest split whose tiles the tile rule takes; none where the tiles
+    take the whole problem, on small planes, at stride 2, or with the tiles off."""
+    plan = plan_split(Problem(8, 64, 512, 512, 5, 5, 1, "float32", True), LIMIT)
+    assert plan.split == 3 and plan.tiles.spec == TileSpec(5, "float32", 3, 64, 128, 4, 128,
+                                                           coarse=True)
+    assert plan.coarse == Problem(8, 64, 64, 64, 5, 2, 1, "float32", False)
+    assert plan.coarse_in == CoarseSpec("float32", 3)
+    assert plan_split(Problem(8, 64, 512, 512, 9, 5, 1, "bfloat16", True), LIMIT).split == 2
+    assert plan_split(Problem(8, 64, 512, 512, 5, 4, 1, "float16", True), LIMIT).split == 3
+    for problem, tuning in [
+            (Problem(8, 64, 512, 512, 5, 3, 1, "float32", True), Tuning()),  # tiles whole
+            (Problem(8, 64, 512, 512, 5, 5, 2, "float32", True), Tuning()),  # stride 2
+            (Problem(8, 64, 512, 512, 5, 5, 1, "float32", True), Tuning(tiles=False)),
+            (Problem(8, 64, 512, 512, 5, 5, 1, "float32", True), Tuning(split=0)),
+            (Problem(8, 64, 512, 512, 5, 5, 1, "float32", True), Tuning(split=5)),
+            (Problem(64, 96, 56, 56, 5, 5, 1, "float32", True), Tuning()),  # small planes
+    ]:
+        assert plan_split(problem, LIMIT, tuning) is None, (problem, tuning)
+    assert plan_split(Problem(8, 64, 512, 512, 5, 5, 1, "float32", True), LIMIT,
+                      backward=True) is None  # the backward does not split (yet)
+
+
+def test_forced_split_on_convnext_planes():
+    problem = Problem(64, 96, 56, 56, 5, 5, 1, "bfloat16", True)
+    plan = plan_split(problem, LIMIT, Tuning(split=2, tile=32))
+    assert plan.tiles.spec.tile == 32 and plan.tiles.ntiles == 4
+    assert plan.coarse == Problem(64, 96, 14, 14, 5, 3, 1, "float32", False)
+    assert plan_tiles(problem, LIMIT, Tuning(tile=32)) is None  # whole: the halo is too large
+
+
+def test_planned_specs_of_a_split_forward():
+    problem = Problem(8, 64, 512, 512, 5, 5, 1, "float32", True)
+    plan = plan_split(problem, LIMIT)
+    specs = planned_specs(problem, False, LIMIT, 264)
+    assert specs[0] == plan.coarse_in and specs[-1] == plan.tiles.spec
+    assert specs[1:-1] == planned_specs(plan.coarse, False, LIMIT, 264)
+
+
+def test_coarse_layout_packs_the_buffer():
+    lay = coarse_layout(2, 3, 5, 7, 5, 2)
+    plane, K2 = 2 * 3 * 5 * 7, 25
+    assert lay.pooled == (0,) and lay.out == plane and lay.base_weight == 2 * plane
+    assert lay.base_scale == lay.base_weight + 3 * K2
+    assert lay.wavelet_weight == lay.base_scale + 3
+    assert lay.wavelet_scale == lay.wavelet_weight + 2 * 3 * 4 * K2
+    assert lay.floats == lay.wavelet_scale + 2 * 3 * 4
+    back = coarse_layout(2, 3, 5, 7, 5, 2, backward=True)
+    assert back.pooled == (0, plane) and back.out == 2 * plane and back.grads > 0
+
+
+@pytest.mark.parametrize("spec,message", [
+    (CoarseSpec("float64", 1), "storage"),
+    (CoarseSpec("float32", 0), "split"),
+    (CoarseSpec("float32", 1, 3), "pooled"),
+    (CoarseSpec("float32", 1, 1, 48), "threads"),
+])
+def test_coarse_in_rejects_bad_specs(spec, message):
+    with pytest.raises(ValueError, match=message):
+        coarse_in_source(spec)
+
+
+def test_coarse_tiles_need_a_fine_level():
+    with pytest.raises(ValueError, match="fine level"):
+        tile_kernel_source(TileSpec(3, "float32", 0, 8, 32, 2, coarse=True))

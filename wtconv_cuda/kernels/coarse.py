@@ -1,0 +1,225 @@
+"""Inputs of the coarse pre-pass: ``wtconv_coarse_in``.
+
+A tile's halo grows as ``2**L`` (:mod:`.tiles`), so deep transforms on
+large planes cannot run on tiles whole. They are split at a level ``c``:
+
+1. ``wtconv_coarse_in`` (this module) pools ``x`` into its raw LL band of
+   level ``c``, ``v_c`` (float32, ``(B, C, ceil(H / 2**c), ceil(W / 2**c))``),
+   and copies the coarse levels' parameters, ``w_j`` and ``s_j`` for ``j > c``,
+   into float32, next to a zero base weight and a zero base scale;
+2. the fused kernel runs on ``v_c`` as a float32 problem of ``L - c`` levels
+   with those parameters. Its output is then exactly the synthesis of the
+   levels above ``c``, ``r_{c+1}`` of SPEC.md (the base branch is ``0 * conv
+   + r``);
+3. the tile kernel runs the ``c`` fine levels and adds ``r_{c+1}`` to level
+   ``c``'s convolved LL subband before its synthesis (``TileSpec.coarse``).
+
+The backward is the same chain on ``dy`` (flipped taps), with the fused
+backward on the pooled ``x`` and ``dy`` for the coarse levels' gradients.
+
+``v_c`` is formed as the tile and plane kernels form it, level by level:
+``LL = 0.5 * ((a + b) + (c + d))`` over zero-extended blocks (the zero
+extension is exactly SPEC.md's padding of odd sizes, at every level), so
+the split changes no rounding of the LL chain.
+
+Work buffer (float32 elements, one allocation, see :func:`coarse_layout`)::
+
+    [ v_c | r | zero base weight (C K K) | zero base scale (C) | w_j, j > c | s_j, j > c ]
+
+(``r`` is written by step 2; the backward adds the pooled ``dy`` and the
+coarse gradients).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from .codegen import STORAGE, _Emitter, _load
+
+#: Threads per block of ``wtconv_coarse_in``.
+COARSE_THREADS = 256
+
+
+class CoarseSpec(NamedTuple):
+    """Compile-time parameters of one ``wtconv_coarse_in`` variant.
+
+    Attributes
+    ----------
+    storage : str
+        ``"float32"``, ``"float16"`` or ``"bfloat16"``: dtype of ``x`` and
+        of the parameters (read); the outputs are float32.
+    split : int
+        Level ``c >= 1`` of the LL band to form (``2**c x 2**c`` pixels per
+        value).
+    pooled : int
+        How many arrays to pool (1: ``x``; 2: ``x`` and ``dy``, the backward).
+    threads : int
+        Threads per block.
+    """
+
+    storage: str
+    split: int
+    pooled: int = 1
+    threads: int = COARSE_THREADS
+
+
+class CoarseLayout(NamedTuple):
+    """Offsets (float32 elements) of the coarse pre-pass's work buffer.
+
+    Attributes
+    ----------
+    pooled : tuple of int
+        Offset of each pooled array (``v_c`` of ``x``; then of ``dy``).
+    out : int
+        Offset of the coarse pass's output (``r`` forward, the gradient of
+        ``v_c`` backward).
+    base_weight, base_scale, wavelet_weight, wavelet_scale : int
+        Offsets of the coarse problem's float32 parameters.
+    grads : int
+        Backward only (else 0): offset of the coarse problem's gradients,
+        laid out as its parameters (five arrays, the bias's ``C`` included).
+    floats : int
+        Elements of the whole buffer.
+    plane : int
+        Elements of one pooled array, ``B C Hc Wc``.
+    """
+
+    pooled: tuple
+    out: int
+    base_weight: int
+    base_scale: int
+    wavelet_weight: int
+    wavelet_scale: int
+    grads: int
+    floats: int
+    plane: int
+
+
+def coarse_layout(batch: int, channels: int, coarse_height: int, coarse_width: int,
+                  kernel_size: int, coarse_levels: int, backward: bool = False) -> CoarseLayout:
+    """Offsets of the coarse pre-pass's work buffer (see the module docstring).
+
+    Parameters
+    ----------
+    batch, channels : int
+        ``B`` and ``C``.
+    coarse_height, coarse_width : int
+        ``Hc, Wc``: the LL band's size at the split level.
+    kernel_size : int
+        ``K``.
+    coarse_levels : int
+        ``L - c``: the levels the coarse pass runs.
+    backward : bool, default False
+        Add the pooled ``dy`` and the coarse gradients.
+
+    Returns
+    -------
+    CoarseLayout
+    """
+    C, K2 = channels, kernel_size ** 2
+    plane = batch * channels * coarse_height * coarse_width
+    npooled = 2 if backward else 1
+    pooled = tuple(i * plane for i in range(npooled))
+    out = npooled * plane
+    params = C * K2 + C + coarse_levels * C * 4 * K2 + coarse_levels * C * 4
+    base_weight = out + plane
+    base_scale = base_weight + C * K2
+    wavelet_weight = base_scale + C
+    wavelet_scale = wavelet_weight + coarse_levels * C * 4 * K2
+    grads = wavelet_scale + coarse_levels * C * 4 if backward else 0
+    floats = base_weight + params + (params + C if backward else 0)
+    return CoarseLayout(pooled, out, base_weight, base_scale, wavelet_weight, wavelet_scale,
+                        grads, floats, plane)
+
+
+def coarse_in_source(spec: CoarseSpec) -> str:
+    """Python source of ``wtconv_coarse_in`` for ``spec``.
+
+    Arguments: ``(x, [dy,] ww, ws, buf, H, W, Hc, Wc, npool, nzero, nweight,
+    nscale, wstart, sstart)``: pointers to the storage type for the pooled
+    arrays and the parameters ``ww`` ``(L, C, 4, K, K)`` and ``ws`` ``(L, C,
+    4)``, a float32 pointer ``buf`` to the work buffer, then int64 scalars.
+    Item ``i`` of a grid-stride loop over ``npool + nzero + nweight +
+    nscale`` items is, in that order: LL value ``i`` of every pooled array
+    (written at ``buf[i]``, ``buf[npool + i]``), then ``nzero`` zeros (base
+    weight and scale), the coarse ``ww[wstart:]`` and ``ws[sstart:]`` as
+    float32, written after the pooled arrays and the output area (which is
+    ``npool`` long).
+
+    Parameters
+    ----------
+    spec : CoarseSpec
+        The variant.
+
+    Returns
+    -------
+    str
+        Source of ``wtconv_coarse_in`` for :func:`wtconv_cuda.kernels.codegen.build`.
+
+    Raises
+    ------
+    ValueError
+        An unknown storage, ``split < 1``, ``pooled`` not 1 or 2, or threads
+        not a positive multiple of 32.
+    """
+    c, m = spec.split, 2 ** spec.split
+    if spec.storage not in STORAGE:
+        raise ValueError(f"storage must be one of {STORAGE}, got {spec.storage!r}")
+    if c < 1:
+        raise ValueError(f"split must be >= 1, got {c}")
+    if spec.pooled not in (1, 2):
+        raise ValueError(f"pooled must be 1 or 2, got {spec.pooled}")
+    if spec.threads < 32 or spec.threads % 32:
+        raise ValueError(f"threads must be a positive multiple of 32, got {spec.threads}")
+    arrays = ["x", "dy"][:spec.pooled]
+    e = _Emitter()
+    e(f"def wtconv_coarse_in({', '.join(arrays)}, ww, ws, buf, H, W, Hc, Wc, npool, nzero, "
+      "nweight, nscale, wstart, sstart):")
+    with e.indent():
+        e("fz = float32(0.0)", "f05 = float32(0.5)",
+          "total = npool + nzero + nweight + nscale",
+          "plane_size = Hc * Wc",
+          f"rest = {spec.pooled + 1} * npool",
+          f"for i in range(int64(cuda.grid(1)), total, int64(cuda.gridsize(1))):")
+        with e.indent():
+            e("if i < npool:")
+            with e.indent():
+                e("plane = i // plane_size", "q = i - plane * plane_size",
+                  "cy = q // Wc", "cx = q - cy * Wc",
+                  f"y0 = cy * {m}", f"x0 = cx * {m}",
+                  "src = plane * H * W + y0 * W + x0")
+                for r in range(m):
+                    e(f"row{r} = y0 + {r} < H")
+                for s in range(m):
+                    e(f"col{s} = x0 + {s} < W")
+                for a, array in enumerate(arrays):
+                    value = _emit_block_ll(e, spec.storage, array, c, 0, 0, f"v{a}")
+                    e(f"buf[{a} * npool + i] = {value}")
+            e("else:")
+            with e.indent():
+                e("j = i - npool",
+                  "if j < nzero:", "    buf[rest + j] = fz",
+                  "elif j < nzero + nweight:",
+                  f"    buf[rest + j] = {_load(spec.storage, 'ww[wstart + j - nzero]')}",
+                  "else:",
+                  f"    buf[rest + j] = "
+                  f"{_load(spec.storage, 'ws[sstart + j - nzero - nweight]')}")
+    return e.text()
+
+
+def _emit_block_ll(e: _Emitter, storage: str, array: str, level: int, r0: int, s0: int,
+                   name: str) -> str:
+    """Emit the raw LL value of the ``2**level`` block at ``(r0, s0)``; returns its name.
+
+    Depth first (four sub-blocks, then their LL), so few values are live at
+    once; pixels outside the image read as zero.
+    """
+    if level == 0:
+        e(f"{name} = {_load(storage, f'{array}[src + {r0} * W + {s0}]')} "
+          f"if row{r0} and col{s0} else fz")
+        return name
+    h = 2 ** (level - 1)
+    parts = [_emit_block_ll(e, storage, array, level - 1, r0 + dr, s0 + ds, f"{name}{n}")
+             for n, (dr, ds) in enumerate(((0, 0), (0, h), (h, 0), (h, h)))]
+    e(f"{name} = f05 * (({parts[0]} + {parts[1]}) + ({parts[2]} + {parts[3]}))")
+    return name
