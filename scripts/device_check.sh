@@ -31,6 +31,8 @@
 #              on; K of TEST_KS), then benchmarks/tile_bench.py $TILE_ARGS: plane
 #              kernel vs tiles on the paper grid; TILE_ARGS="--backward ..."
 #              times the backward (~5 min cold)
+#   split      the split forward (coarse pre-pass, then tiles): tile_bench.py at
+#              L 4-5 on the paper grid and at the ConvNeXt-T stages (~6 min cold)
 #   tileprofile  ncu occupancy, warp states, stall reasons and instruction counts of
 #              the tiled forward and backward at 8x128x512x512, L1 and L3 (~2 min)
 #
@@ -193,6 +195,22 @@ run_tiles() {
   return $rc
 }
 
+run_split() {
+  # The split forward (coarse pre-pass + tiles): paper-grid sizes at L 4 and 5
+  # (plane kernel, whole tiles forced, splits at 2 and 3, the planner's choice),
+  # then the ConvNeXt-T stages with small tiles and splits at 1 to 3.
+  echo "== split forward: tile_bench at L 4-5 on the paper grid, then ConvNeXt-T stages"
+  local rc=0
+  timeout 280 python3 benchmarks/tile_bench.py --levels 4 5 --variants 64:128:4:128 \
+    --splits 2 3 --json "$OUT/split_paper.json" >"$OUT/split_paper.log" 2>&1 || rc=1
+  grep -v "^TileSpec\|^PlaneSpec\|^CoarseSpec" "$OUT/split_paper.log" | tail -n 20
+  timeout 280 python3 benchmarks/tile_bench.py --configs 64x96x56x56:5 64x192x28x28:4 \
+    64x384x14x14:3 --storage float32 bfloat16 --variants 32:128:4:128 16:128:2:128 \
+    --splits 1 2 3 --json "$OUT/split_convnext.json" >"$OUT/split_convnext.log" 2>&1 || rc=1
+  grep -v "^TileSpec\|^PlaneSpec\|^CoarseSpec" "$OUT/split_convnext.log" | tail -n 8
+  return $rc
+}
+
 run_wtconvnext() {
   echo "== WTConvNeXt-T end to end (benchmarks/wtconvnext.py): throughput, then the sanity run"
   timeout 420 python3 benchmarks/wtconvnext.py throughput --json "$OUT/wtconvnext_throughput.json" \
@@ -291,7 +309,7 @@ run_sanitizer() {
 
 for phase in "${phases[@]}"; do
   case "$phase" in
-    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|torchstep|stepprofile|tiles|tileprofile)
+    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|torchstep|stepprofile|tiles|tileprofile|split)
       "run_$phase" || status=1 ;;
     *) echo "unknown phase: $phase"; status=2 ;;
   esac
