@@ -12,9 +12,9 @@ and every weight gradient, roofline ``x`` and ``dy`` read and ``dx``
 written): the plane kernel, each variant asked for and the planner's choice
 ("auto"). ``--levels`` takes any level count, at the paper grid's sizes;
 ``--configs`` replaces the grid (``BxCxHxW:L``). ``--splits`` adds, for each
-variant, forwards split at those levels (coarse pre-pass, then the tiles; see
+variant, passes split at those levels (coarse pre-pass, then the tiles; see
 :func:`wtconv_cuda.kernels.launch.plan_split`), named ``VARIANT/sC``; "auto"
-is the planner's own choice through ``run_forward``.
+is the planner's own choice through ``run_forward`` / ``run_backward``.
 
     python benchmarks/tile_bench.py --json tile_bench.json
     python benchmarks/tile_bench.py --variants 64:256:4:128 64:128:4:128:8 32:128:2:0
@@ -145,7 +145,7 @@ def main():
     parser.add_argument("--configs", nargs="+", default=None, metavar="BxCxHxW:L",
                         help="configurations instead of the paper grid")
     parser.add_argument("--splits", type=int, nargs="+", default=[],
-                        help="forward only: also each variant split at these levels")
+                        help="also each variant split at these levels")
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--no-plane", action="store_true", help="skip the plane kernel")
     parser.add_argument("--backward", action="store_true",
@@ -249,16 +249,26 @@ def backward_main(args, backend, bandwidth):
     from wtconv_cuda.kernels.codegen import FinalizeSpec
     from wtconv_cuda.kernels.launch import FINALIZE_THREADS, run_backward
     variants = {v: parse_variant(v)[0] for v in args.variants}
+    variants.update({f"{v}/s{c}": parse_variant(v)[0]._replace(split=c)
+                     for v in args.variants for c in args.splits})
     variants["auto"] = Tuning()
     configs = grid_configs(args.levels, args.configs)
+
+    def runs_here(problem, tuning):
+        if tuning.split is not None:
+            return plan_split(problem, backend.shared_limit, tuning, True) is not None
+        return tuning == Tuning() or plan_tiles(problem, backend.shared_limit, tuning,
+                                                backward=True) is not None
+
     specs = set()
     for problem in problems(configs, args.storage, args.k):
-        specs.add(plan_plane(problem, True, backend.shared_limit, backend.max_slots).spec)
+        specs.add(plan_plane(problem, True, backend.shared_limit, backend.max_slots,
+                             Tuning(tiles=False)).spec)
         specs.add(FinalizeSpec(args.k, problem.storage, FINALIZE_THREADS))
         for tuning in variants.values():
-            plan = plan_tiles(problem, backend.shared_limit, tuning, backward=True)
-            if plan is not None:
-                specs.add(plan.spec)
+            if runs_here(problem, tuning):
+                specs.update(planned_specs(problem, True, backend.shared_limit,
+                                           backend.max_slots, tuning))
     kernels = kernel_report(specs, backend)
     rng = np.random.default_rng(1)
     rows = []
@@ -272,8 +282,7 @@ def backward_main(args, backend, bandwidth):
         row = {"config": f"{b}x{c}x{h}x{w} L{L} K{k}", "storage": storage, "ms": {},
                "roofline": {}, "diff_vs_plane": {}}
         runs = [("plane", Tuning(tiles=False))] + [
-            (name, t) for name, t in variants.items()
-            if plan_tiles(problem, backend.shared_limit, t, backward=True) is not None]
+            (name, t) for name, t in variants.items() if runs_here(problem, t)]
         reference = None
         for name, tuning in runs:
             def backward(i, tuning=tuning):

@@ -31,8 +31,8 @@
 #              on; K of TEST_KS), then benchmarks/tile_bench.py $TILE_ARGS: plane
 #              kernel vs tiles on the paper grid; TILE_ARGS="--backward ..."
 #              times the backward (~5 min cold)
-#   split      the split forward (coarse pre-pass, then tiles): tile_bench.py at
-#              L 4-5 on the paper grid and at the ConvNeXt-T stages (~6 min cold)
+#   split      split passes (coarse pre-pass, then tiles): tile_bench.py forward and
+#              backward on the paper grid (L 3-5) and at two ConvNeXt-T stages (~8 min)
 #   tileprofile  ncu occupancy, warp states, stall reasons and instruction counts of
 #              the tiled forward and backward at 8x128x512x512, L1 and L3 (~2 min)
 #
@@ -196,18 +196,28 @@ run_tiles() {
 }
 
 run_split() {
-  # The split forward (coarse pre-pass + tiles): paper-grid sizes at L 4 and 5
-  # (plane kernel, whole tiles forced, splits at 2 and 3, the planner's choice),
-  # then the ConvNeXt-T stages with small tiles and splits at 1 to 3.
-  echo "== split forward: tile_bench at L 4-5 on the paper grid, then ConvNeXt-T stages"
-  local rc=0
-  timeout 280 python3 benchmarks/tile_bench.py --levels 4 5 --variants 64:128:4:128 \
-    --splits 2 3 --json "$OUT/split_paper.json" >"$OUT/split_paper.log" 2>&1 || rc=1
-  grep -v "^TileSpec\|^PlaneSpec\|^CoarseSpec" "$OUT/split_paper.log" | tail -n 20
-  timeout 280 python3 benchmarks/tile_bench.py --configs 64x96x56x56:5 64x192x28x28:4 \
-    64x384x14x14:3 --storage float32 bfloat16 --variants 32:128:4:128 16:128:2:128 \
-    --splits 1 2 3 --json "$OUT/split_convnext.json" >"$OUT/split_convnext.log" 2>&1 || rc=1
-  grep -v "^TileSpec\|^PlaneSpec\|^CoarseSpec" "$OUT/split_convnext.log" | tail -n 8
+  # Split passes (coarse pre-pass + tiles), benchmarks/tile_bench.py: the paper
+  # grid's sizes at L 3 and 5, forward (plane kernel, whole tiles, splits at 1-3, the
+  # planner's choice) and at L 5 backward; then the ConvNeXt-T stages at 56 and
+  # 28 pixels with one or four tiles per plane and splits at 1-2.
+  echo "== split passes: tile_bench on the paper grid (L 3-5) and two ConvNeXt-T stages"
+  local rc=0 log
+  timeout 170 python3 benchmarks/tile_bench.py --levels 3 5 --variants 64:128:4:128 \
+    --splits 1 2 3 --json "$OUT/split_paper.json" >"$OUT/split_paper.log" 2>&1 || rc=1
+  timeout 170 python3 benchmarks/tile_bench.py --backward --levels 5 \
+    --variants 64:128:4:128 --splits 1 2 3 --json "$OUT/split_paper_backward.json" \
+    >"$OUT/split_paper_backward.log" 2>&1 || rc=1
+  timeout 100 python3 benchmarks/tile_bench.py --configs 64x96x56x56:5 64x192x28x28:4 \
+    --variants 64:128:4:128 32:128:4:128 --splits 1 2 --json "$OUT/split_convnext.json" \
+    >"$OUT/split_convnext.log" 2>&1 || rc=1
+  timeout 100 python3 benchmarks/tile_bench.py --backward --configs 64x96x56x56:5 \
+    64x192x28x28:4 --variants 64:128:4:128 32:128:4:128 --splits 1 2 \
+    --json "$OUT/split_convnext_backward.json" >"$OUT/split_convnext_backward.log" 2>&1 || rc=1
+  for log in split_paper split_paper_backward split_convnext split_convnext_backward; do
+    echo "-- $log"
+    grep -v "^TileSpec\|^PlaneSpec\|^CoarseSpec\|^CoarseOutSpec\|^FinalizeSpec" "$OUT/$log.log" \
+      | cut -c1-400 | tail -n 30
+  done
   return $rc
 }
 

@@ -220,9 +220,9 @@ def test_tiled_forward_is_the_default_for_large_planes(storage):
     assert bool(cupy.array_equal(tiled, plane))
 
 
-#: The split forward, forced: coarse pre-pass, coarse levels on the pooled planes,
-#: fine levels on tiles. (shape, levels, k, split, tile): odd planes with partial
-#: edge tiles, splits at 1, 2 and 3, and a ConvNeXt-T stage plane.
+#: Split passes, forced: coarse pre-pass, coarse levels on the pooled planes, fine
+#: levels on tiles. (shape, levels, k, split, tile): odd planes with partial edge
+#: tiles, splits at 1, 2 and 3, and a ConvNeXt-T stage plane.
 SPLIT_CASES = [((2, 3, 130, 67), 3, k, 1, 32) for k in KERNEL_SIZES]
 SPLIT_CASES += [((2, 3, 130, 67), 5, k, 2, 32) for k in KERNEL_SIZES]
 SPLIT_CASES += [((3, 2, 70, 51), 6, k, 3, 16) for k in KERNEL_SIZES]
@@ -231,24 +231,27 @@ SPLIT_CASES += [((4, 8, 56, 56), 5, k, 2, 32) for k in KERNEL_SIZES]
 
 @pytest.mark.parametrize("storage", list(DTYPES))
 @pytest.mark.parametrize("shape,levels,k,split,tile", SPLIT_CASES)
-def test_split_forward_matches_oracle(shape, levels, k, split, tile, storage):
+def test_split_matches_oracle(shape, levels, k, split, tile, storage):
+    """Forward and backward (dx, every gradient, determinism) of a forced split."""
     tuning = Tuning(split=split, tile=tile)
-    plan = plan_split(Problem(*shape, k, levels, 1, storage, True), backend().shared_limit,
-                      tuning)
-    assert plan is not None and plan.split == split
-    check_forward(shape, levels, k, storage, tuning)
+    problem = Problem(*shape, k, levels, 1, storage, True)
+    for backward in (False, True):
+        plan = plan_split(problem, backend().shared_limit, tuning, backward)
+        assert plan is not None and plan.split == split
+    run_case(shape, levels, k, 1, storage, tuning=tuning)
     if k == 3:
-        check_forward(shape, levels, k, storage, tuning, bias=False)
+        run_case(shape, levels, k, 1, storage, bias=False, tuning=tuning)
 
 
 @pytest.mark.parametrize("storage", list(DTYPES))
-def test_split_forward_is_the_default_for_deep_levels_on_large_planes(storage):
+def test_split_is_the_default_for_deep_levels_on_large_planes(storage):
     if 5 not in KERNEL_SIZES:
         pytest.skip("K = 5 runs in another GPU process")
     shape, levels = (2, 4, 257, 300), 5
     problem = Problem(*shape, 5, levels, 1, storage, True)
-    assert plan_split(problem, backend().shared_limit).split == 3
-    check_forward(shape, levels, 5, storage, Tuning())
+    for backward in (False, True):
+        assert plan_split(problem, backend().shared_limit, backward=backward).split == 3
+    run_case(shape, levels, 5, 1, storage)
 
 
 #: The tiled backward, forced (these planes are small): dx and every

@@ -1,4 +1,4 @@
-"""The split forward (coarse pre-pass, coarse problem, fine levels on tiles).
+"""Split passes (coarse pre-pass, coarse problem, fine levels on tiles).
 
 Planner rules run anywhere; the kernels run in numba's CUDA simulator against
 the float64 oracle, on tiny odd planes with tiles forced small.
@@ -10,10 +10,13 @@ import numpy as np
 import pytest
 
 from wtconv_cuda import reference
-from wtconv_cuda.kernels.coarse import CoarseSpec, coarse_in_source, coarse_layout
+from wtconv_cuda.kernels.codegen import FinalizeSpec
+from wtconv_cuda.kernels.coarse import (
+    CoarseOutSpec, CoarseSpec, coarse_in_source, coarse_layout, coarse_out_source,
+)
 from wtconv_cuda.kernels.launch import (
     Problem, SimulatorBackend, Tuning, Weights, plan_split, plan_tiles, planned_specs,
-    run_forward, work_buffers,
+    run_backward, run_forward, work_buffers,
 )
 from wtconv_cuda.kernels.tiles import TileSpec, tile_kernel_source
 
@@ -45,32 +48,50 @@ SPLIT_CASES = [
 
 @simulator
 @pytest.mark.parametrize("shape,levels,k,split,tile,threads,strip,storage,bias", SPLIT_CASES)
-def test_split_forward_matches_oracle(rng, shape, levels, k, split, tile, threads, strip,
-                                      storage, bias):
+def test_split_matches_oracle(rng, shape, levels, k, split, tile, threads, strip, storage,
+                              bias):
+    """Forward and backward, split: outputs and every gradient against the oracle, inputs
+    untouched, work buffers as work_buffers() says."""
     dtype, tol = {"float32": (np.float32, 2e-6), "float16": (np.float16, 2e-3)}[storage]
     b, c, h, w = shape
     x = rng.standard_normal(shape).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
     wts = random_weights(rng, c, k, levels, bias=bias, dtype=dtype)
     weights = Weights(wts.base_weight, wts.base_bias if bias else wts.base_scale,
                       wts.base_scale, wts.wavelet_weight, wts.wavelet_scale)
     problem = Problem(b, c, h, w, k, levels, 1, storage, bias)
     tuning = Tuning(split=split, tile=tile, threads=threads, strip=strip)
     backend = _RecordingBackend()
-    plan = plan_split(problem, backend.shared_limit, tuning)
-    assert plan is not None and plan.split == split and plan.tiles.spec.levels == split
-    assert plan.coarse == Problem(b, c, -(-h >> split), -(-w >> split), k, levels - split, 1,
-                                  "float32", False)
-    before = [a.copy() for a in (x, *weights)]
+    for backward in (False, True):
+        plan = plan_split(problem, backend.shared_limit, tuning, backward)
+        assert plan is not None and plan.split == split and plan.tiles.spec.levels == split
+        assert plan.tiles.spec.backward == backward and plan.coarse == Problem(
+            b, c, -(-h >> split), -(-w >> split), k, levels - split, 1, "float32", False)
+    before = [a.copy() for a in (x, dy, *weights)]
+
     y = np.full(shape, np.nan, dtype)
     run_forward(backend, problem, x, y, weights, tuning)
-    for a, a_before in zip((x, *weights), before):
-        np.testing.assert_array_equal(a, a_before)
     assert tuple(backend.requests) == work_buffers(problem, False, backend.shared_limit,
                                                    backend.max_slots, tuning)
-    assert backend.requests[0] == plan.layout.floats
-    assert np.isfinite(y).all(), "unwritten (NaN) outputs"
-    want = reference.forward(x, wts, levels, 1)
-    assert np.linalg.norm(y.astype(np.float64) - want) / np.linalg.norm(want) < tol
+    backend.requests.clear()
+    dx = np.full(shape, np.nan, dtype)
+    grads = Weights(*(np.full(a.shape, np.nan, dtype) for a in weights))
+    run_backward(backend, problem, x, dy, dx, weights, grads, tuning)
+    assert tuple(backend.requests) == work_buffers(problem, True, backend.shared_limit,
+                                                   backend.max_slots, tuning)
+    for a, a_before in zip((x, dy, *weights), before):
+        np.testing.assert_array_equal(a, a_before)
+
+    dx_ref, dw_ref = reference.backward(x, wts, dy, levels, 1)
+    pairs = {"y": (y, reference.forward(x, wts, levels, 1)), "dx": (dx, dx_ref)}
+    for name in ("base_weight", "base_scale", "wavelet_weight", "wavelet_scale") + (
+            ("base_bias",) if bias else ()):
+        pairs[name] = (getattr(grads, name), getattr(dw_ref, name))
+    for name, (got, want) in pairs.items():
+        got = got.astype(np.float64)
+        assert np.isfinite(got).all(), f"{name}: unwritten (NaN) elements"
+        err = np.linalg.norm(got - want) / np.linalg.norm(want)
+        assert err < tol, (name, err)
 
 
 def test_planner_splits_deep_levels_on_large_planes():
@@ -92,8 +113,9 @@ def test_planner_splits_deep_levels_on_large_planes():
             (Problem(64, 96, 56, 56, 5, 5, 1, "float32", True), Tuning()),  # small planes
     ]:
         assert plan_split(problem, LIMIT, tuning) is None, (problem, tuning)
-    assert plan_split(Problem(8, 64, 512, 512, 5, 5, 1, "float32", True), LIMIT,
-                      backward=True) is None  # the backward does not split (yet)
+    back = plan_split(Problem(8, 64, 512, 512, 5, 5, 1, "bfloat16", True), LIMIT, backward=True)
+    assert back.split == 3 and back.tiles.spec.backward and back.coarse_in.pooled == 2
+    assert back.coarse_out == CoarseOutSpec("bfloat16") and plan.coarse_out is None
 
 
 def test_forced_split_on_convnext_planes():
@@ -104,12 +126,17 @@ def test_forced_split_on_convnext_planes():
     assert plan_tiles(problem, LIMIT, Tuning(tile=32)) is None  # whole: the halo is too large
 
 
-def test_planned_specs_of_a_split_forward():
+def test_planned_specs_of_a_split_pass():
     problem = Problem(8, 64, 512, 512, 5, 5, 1, "float32", True)
     plan = plan_split(problem, LIMIT)
     specs = planned_specs(problem, False, LIMIT, 264)
     assert specs[0] == plan.coarse_in and specs[-1] == plan.tiles.spec
     assert specs[1:-1] == planned_specs(plan.coarse, False, LIMIT, 264)
+    back = plan_split(problem, LIMIT, backward=True)
+    specs = planned_specs(problem, True, LIMIT, 264)
+    assert specs[0] == back.coarse_in and specs[-3:] == [
+        back.tiles.spec, FinalizeSpec(5, "float32", 128), back.coarse_out]
+    assert specs[1:-3] == planned_specs(back.coarse, True, LIMIT, 264)
 
 
 def test_coarse_layout_packs_the_buffer():
@@ -133,6 +160,13 @@ def test_coarse_layout_packs_the_buffer():
 def test_coarse_in_rejects_bad_specs(spec, message):
     with pytest.raises(ValueError, match=message):
         coarse_in_source(spec)
+
+
+@pytest.mark.parametrize("spec,message", [(CoarseOutSpec("int8"), "storage"),
+                                          (CoarseOutSpec("float32", 0), "threads")])
+def test_coarse_out_rejects_bad_specs(spec, message):
+    with pytest.raises(ValueError, match=message):
+        coarse_out_source(spec)
 
 
 def test_coarse_tiles_need_a_fine_level():

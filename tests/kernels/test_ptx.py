@@ -3,7 +3,7 @@
 The simulator does not type-check; compiling with ``numba.cuda.compile_ptx``
 does. The variants below cover every storage type, direction, input and
 output stride path (1, 2 and the generic one), shared memory and global
-scratch, the tiled forward, the split forward's pre-pass, block and warp (``syncwarp``) barriers (one and two planes per
+scratch, the tiled forward, the split passes' pre- and post-passes, block and warp (``syncwarp``) barriers (one and two planes per
 warp), several kernel sizes and launch shapes. This runs in a subprocess
 because the rest of the CPU suite imports numba in simulator mode, which
 cannot compile.
@@ -37,11 +37,13 @@ SPECS = textwrap.dedent("""
               TileSpec(3, "float32", 2, 16, 64, 1, 0),
               TileSpec(3, "bfloat16", 2, 16, 64, 2, 128, backward=True),
               TileSpec(5, "float32", 1, 64, 256, 4, 128, backward=True)]
-    # The split forward: its pre-pass (every storage, one and two pooled arrays, splits
-    # 1 to 3) and tiles fed by it.
-    from wtconv_cuda.kernels.coarse import CoarseSpec
+    # Split passes: the pre-pass (every storage, one and two pooled arrays, splits 1 to
+    # 3), tiles fed by it (forward and backward) and the gradients' store.
+    from wtconv_cuda.kernels.coarse import CoarseOutSpec, CoarseSpec
     specs += [CoarseSpec("float32", 3), CoarseSpec("bfloat16", 2, 2), CoarseSpec("float16", 1),
-              TileSpec(5, "bfloat16", 2, 32, 128, 4, 128, coarse=True)]
+              TileSpec(5, "bfloat16", 2, 32, 128, 4, 128, coarse=True),
+              TileSpec(3, "float16", 1, 32, 128, 2, 128, backward=True, coarse=True)]
+    specs += [CoarseOutSpec(storage) for storage in STORAGE]
     # Backward blocks that write the gradients themselves (fused finalize).
     specs += [PlaneSpec(5, storage, 1, 1, True, scratch, threads, 1, 128, group, sync, True)
               for storage in STORAGE for scratch in (False, True)
@@ -102,10 +104,11 @@ def allowed_local_bytes(spec) -> int:
 def spec_from_repr(text: str):
     """The kernel spec whose ``repr`` is ``text``."""
     from wtconv_cuda.kernels.codegen import FinalizeSpec, PlaneSpec
-    from wtconv_cuda.kernels.coarse import CoarseSpec
+    from wtconv_cuda.kernels.coarse import CoarseOutSpec, CoarseSpec
     from wtconv_cuda.kernels.tiles import TileSpec
     return eval(text, {"FinalizeSpec": FinalizeSpec, "PlaneSpec": PlaneSpec,
-                       "TileSpec": TileSpec, "CoarseSpec": CoarseSpec})
+                       "TileSpec": TileSpec, "CoarseSpec": CoarseSpec,
+                       "CoarseOutSpec": CoarseOutSpec})
 
 
 def local_memory_over_bounds(usage: dict) -> dict:

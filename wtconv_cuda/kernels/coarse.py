@@ -1,4 +1,4 @@
-"""Inputs of the coarse pre-pass: ``wtconv_coarse_in``.
+"""The coarse pre-pass of a split pass: ``wtconv_coarse_in`` and ``wtconv_coarse_out``.
 
 A tile's halo grows as ``2**L`` (:mod:`.tiles`), so deep transforms on
 large planes cannot run on tiles whole. They are split at a level ``c``:
@@ -14,8 +14,12 @@ large planes cannot run on tiles whole. They are split at a level ``c``:
 3. the tile kernel runs the ``c`` fine levels and adds ``r_{c+1}`` to level
    ``c``'s convolved LL subband before its synthesis (``TileSpec.coarse``).
 
-The backward is the same chain on ``dy`` (flipped taps), with the fused
-backward on the pooled ``x`` and ``dy`` for the coarse levels' gradients.
+The backward is the same chain on ``dy`` (flipped taps): ``wtconv_coarse_in``
+pools ``x`` and ``dy``, the fused backward on the pooled pair gives the
+gradient of ``v_c`` (which the tiles add where the forward adds ``r_{c+1}``)
+and the coarse levels' parameter gradients in float32, and
+``wtconv_coarse_out`` stores those into the levels above ``c`` of the caller's
+gradient arrays, rounded once to the storage type.
 
 ``v_c`` is formed as the tile and plane kernels form it, level by level:
 ``LL = 0.5 * ((a + b) + (c + d))`` over zero-extended blocks (the zero
@@ -26,15 +30,19 @@ Work buffer (float32 elements, one allocation, see :func:`coarse_layout`)::
 
     [ v_c | r | zero base weight (C K K) | zero base scale (C) | w_j, j > c | s_j, j > c ]
 
-(``r`` is written by step 2; the backward adds the pooled ``dy`` and the
-coarse gradients).
+(``r`` is written by step 2). The backward's::
+
+    [ v_c(x) | v_c(dy) | gradient of v_c | parameters as above | their gradients ]
+
+the gradients laid out as the parameters, with a bias gradient's ``C``
+values (never written) after the base weight's.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from .codegen import STORAGE, _Emitter, _load
+from .codegen import STORAGE, _Emitter, _load, _store
 
 #: Threads per block of ``wtconv_coarse_in``.
 COARSE_THREADS = 256
@@ -204,6 +212,64 @@ def coarse_in_source(spec: CoarseSpec) -> str:
                   "else:",
                   f"    buf[rest + j] = "
                   f"{_load(spec.storage, 'ws[sstart + j - nzero - nweight]')}")
+    return e.text()
+
+
+class CoarseOutSpec(NamedTuple):
+    """Compile-time parameters of one ``wtconv_coarse_out`` variant.
+
+    Attributes
+    ----------
+    storage : str
+        Storage type of the gradient arrays written.
+    threads : int
+        Threads per block.
+    """
+
+    storage: str
+    threads: int = COARSE_THREADS
+
+
+def coarse_out_source(spec: CoarseOutSpec) -> str:
+    """Python source of ``wtconv_coarse_out`` for ``spec``.
+
+    Arguments: ``(grads, gww, gws, nweight, nscale, wstart, sstart)``: a
+    float32 pointer to the coarse problem's level gradients (``nweight``
+    weight values, then ``nscale`` scale values), pointers to the storage
+    type for the caller's ``(L, C, 4, K, K)`` and ``(L, C, 4)`` gradients,
+    then int64 scalars. Writes ``gww[wstart + i]`` and ``gws[sstart + i]``,
+    each rounded once.
+
+    Parameters
+    ----------
+    spec : CoarseOutSpec
+        The variant.
+
+    Returns
+    -------
+    str
+        Source of ``wtconv_coarse_out`` for :func:`wtconv_cuda.kernels.codegen.build`.
+
+    Raises
+    ------
+    ValueError
+        An unknown storage, or threads not a positive multiple of 32.
+    """
+    if spec.storage not in STORAGE:
+        raise ValueError(f"storage must be one of {STORAGE}, got {spec.storage!r}")
+    if spec.threads < 32 or spec.threads % 32:
+        raise ValueError(f"threads must be a positive multiple of 32, got {spec.threads}")
+    e = _Emitter()
+    e("def wtconv_coarse_out(grads, gww, gws, nweight, nscale, wstart, sstart):")
+    with e.indent():
+        e("for i in range(int64(cuda.grid(1)), nweight + nscale, int64(cuda.gridsize(1))):")
+        with e.indent():
+            e("if i < nweight:")
+            with e.indent():
+                _store(e, spec.storage, "gww[wstart + i]", "grads[i]")
+            e("else:")
+            with e.indent():
+                _store(e, spec.storage, "gws[sstart + i - nweight]", "grads[i]")
     return e.text()
 
 

@@ -187,10 +187,32 @@ def coarse_in_signature(storage: str, pooled: int = 1) -> tuple:
     return (st,) * (pooled + 2) + (types.CPointer(types.float32),) + (types.int64,) * 10
 
 
+def coarse_out_signature(storage: str) -> tuple:
+    """Argument types of ``wtconv_coarse_out`` (see :mod:`wtconv_cuda.kernels.coarse`).
+
+    Parameters
+    ----------
+    storage : str
+        ``"float32"``, ``"float16"`` or ``"bfloat16"`` (passed as ``uint16``).
+
+    Returns
+    -------
+    tuple of numba types
+        A float32 pointer for ``grads``, pointers to the storage type for
+        ``gww`` and ``gws``, then four int64 scalars.
+    """
+    from numba import types
+    st = types.CPointer(_storage_type(storage))
+    return (types.CPointer(types.float32), st, st) + (types.int64,) * 4
+
+
 def _source_for(spec) -> tuple[str, str, tuple]:
     if isinstance(spec, tiles.TileSpec):
         return (tiles.tile_kernel_source(spec), "wtconv_tile",
                 tile_signature(spec.storage, spec.backward, spec.coarse))
+    if isinstance(spec, coarse.CoarseOutSpec):
+        return (coarse.coarse_out_source(spec), "wtconv_coarse_out",
+                coarse_out_signature(spec.storage))
     if isinstance(spec, coarse.CoarseSpec):
         return (coarse.coarse_in_source(spec), "wtconv_coarse_in",
                 coarse_in_signature(spec.storage, spec.pooled))

@@ -20,7 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import compiler
-from .coarse import COARSE_THREADS, CoarseLayout, CoarseSpec, coarse_layout
+from .coarse import COARSE_THREADS, CoarseLayout, CoarseOutSpec, CoarseSpec, coarse_layout
 from .codegen import FinalizeSpec, PlaneSpec
 from .tiles import TileSpec, tile_geometry
 from .driver import driver_launch
@@ -589,6 +589,9 @@ class SplitPlan(NamedTuple):
         levels, stride 1, float32, no bias.
     tiles : TileLaunch
         The fine levels' tile launch (``spec.coarse`` set).
+    coarse_out : CoarseOutSpec or None
+        Backward: the ``wtconv_coarse_out`` variant that stores the coarse
+        levels' gradients; None forward.
     """
 
     split: int
@@ -597,6 +600,7 @@ class SplitPlan(NamedTuple):
     layout: CoarseLayout
     coarse: Problem
     tiles: TileLaunch
+    coarse_out: CoarseOutSpec | None = None
 
     def coarse_in_args(self, problem: Problem) -> tuple:
         """The int64 scalars of the ``wtconv_coarse_in`` launch, after its pointers."""
@@ -628,7 +632,9 @@ def plan_split(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
     tuning : Tuning, optional
         ``split`` and everything :func:`plan_tiles` reads.
     backward : bool, default False
-        Plan the backward. Not split yet: always None.
+        Plan the backward: the pre-pass pools ``x`` and ``dy``, the coarse
+        problem's backward gives the gradient the tiles add and the coarse
+        levels' parameter gradients, which ``wtconv_coarse_out`` stores.
 
     Returns
     -------
@@ -636,7 +642,7 @@ def plan_split(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
         None where the pass does not split. Shared through the plan cache.
     """
     p = problem
-    if backward or p.stride != 1 or p.levels < 2 or tuning.tiles is False:
+    if p.stride != 1 or p.levels < 2 or tuning.tiles is False:
         return None
     if tuning.split is not None:
         if not 1 <= tuning.split < p.levels:
@@ -662,7 +668,8 @@ def plan_split(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
     items = layout.plane + (layout.wavelet_scale + coarse.levels * p.channels * 4
                             - layout.base_weight)
     grid = -(-items // COARSE_THREADS)
-    return SplitPlan(c, spec, grid, layout, coarse, fine)
+    out = CoarseOutSpec(p.storage) if backward else None
+    return SplitPlan(c, spec, grid, layout, coarse, fine, out)
 
 
 class CupyBackend:
@@ -925,12 +932,13 @@ def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots:
         ``([scratch])`` forward (an empty tuple when no scratch is needed or
         the forward runs on tiles); a split pass (:func:`plan_split`) asks
         for its coarse work buffer first, then for the coarse problem's
-        buffers.
+        buffers (and, backward, then for the tiles' partials).
     """
     split = plan_split(problem, shared_limit, tuning, backward)
     if split is not None:
-        return (split.layout.floats,) + work_buffers(split.coarse, backward, shared_limit,
-                                                     max_slots)
+        sizes = (split.layout.floats,) + work_buffers(split.coarse, backward, shared_limit,
+                                                      max_slots)
+        return sizes + (split.tiles.partial_floats,) if backward else sizes
     tiled = plan_tiles(problem, shared_limit, tuning, backward)
     if tiled is not None:
         return (tiled.partial_floats,) if backward else ()
@@ -958,14 +966,17 @@ def planned_specs(problem: Problem, backward: bool, shared_limit: int, max_slots
 
     Returns
     -------
-    list of CoarseSpec, TileSpec, PlaneSpec and FinalizeSpec
+    list of CoarseSpec, TileSpec, PlaneSpec, FinalizeSpec and CoarseOutSpec
         A split pass lists ``wtconv_coarse_in``, the coarse problem's specs
-        (planned with the default tuning), then the tiles.
+        (planned with the default tuning), then the tiles (backward: then
+        the finalize and ``wtconv_coarse_out``).
     """
+    finalize = FinalizeSpec(problem.kernel_size, problem.storage, FINALIZE_THREADS)
     split = plan_split(problem, shared_limit, tuning, backward)
     if split is not None:
-        return ([split.coarse_in] + planned_specs(split.coarse, backward, shared_limit, max_slots)
-                + [split.tiles.spec])
+        specs = ([split.coarse_in] + planned_specs(split.coarse, backward, shared_limit,
+                                                   max_slots) + [split.tiles.spec])
+        return specs + [finalize, split.coarse_out] if backward else specs
     finalize = FinalizeSpec(problem.kernel_size, problem.storage, FINALIZE_THREADS)
     tiled = plan_tiles(problem, shared_limit, tuning, backward)
     if tiled is not None:
@@ -1028,26 +1039,74 @@ def run_forward(backend, problem: Problem, x, y, weights: Weights,
     backend.call(backend.kernel(launch.spec), launch.grid, launch.block, args, launch.shared_bytes)
 
 
+def _coarse_weights(backend, buf, lay: CoarseLayout, problem: Problem, levels: int,
+                    start: int) -> Weights:
+    """Views of the coarse problem's float32 parameters (or, from ``start`` = ``lay.grads``,
+    their gradients) in the split's work buffer ``buf``."""
+    C, K2 = problem.channels, problem.kernel_size ** 2
+    w0 = backend.view(buf, start, C * K2)
+    if start == lay.base_weight:  # parameters: no bias, the zero scale stands in
+        bias = scale = backend.view(buf, lay.base_scale, C)
+        ww = lay.wavelet_weight
+    else:  # gradients: weight, bias (never written), scale, levels
+        bias = backend.view(buf, start + C * K2, C)
+        scale = backend.view(buf, start + C * K2 + C, C)
+        ww = start + C * K2 + 2 * C
+    return Weights(w0, bias, scale, backend.view(buf, ww, levels * C * 4 * K2),
+                   backend.view(buf, ww + levels * C * 4 * K2, levels * C * 4))
+
+
+def _run_coarse_in(backend, problem: Problem, split: SplitPlan, pooled: tuple,
+                   weights: Weights):
+    """The split's work buffer, filled by ``wtconv_coarse_in``."""
+    buf = backend.float32(split.layout.floats)
+    backend.call(backend.kernel(split.coarse_in), split.grid, COARSE_THREADS,
+                 (*pooled, weights.wavelet_weight, weights.wavelet_scale, buf,
+                  *split.coarse_in_args(problem)), 0)
+    return buf
+
+
 def _run_forward_split(backend, problem: Problem, x, y, weights: Weights,
                        split: SplitPlan) -> None:
     """The forward of a split pass: pool, coarse levels, then the fine levels on tiles."""
     lay, q, tiled = split.layout, split.coarse, split.tiles
-    buf = backend.float32(lay.floats)
-    backend.call(backend.kernel(split.coarse_in), split.grid, COARSE_THREADS,
-                 (x, weights.wavelet_weight, weights.wavelet_scale, buf,
-                  *split.coarse_in_args(problem)), 0)
+    buf = _run_coarse_in(backend, problem, split, (x,), weights)
     # Exact views: the simulator copies each array argument in and out.
-    C, K2, n = problem.channels, problem.kernel_size ** 2, q.levels
-    scale = backend.view(buf, lay.base_scale, C)
-    coarse_weights = Weights(backend.view(buf, lay.base_weight, C * K2), scale, scale,
-                             backend.view(buf, lay.wavelet_weight, n * C * 4 * K2),
-                             backend.view(buf, lay.wavelet_scale, n * C * 4))
     out = backend.view(buf, lay.out, lay.plane)
-    run_forward(backend, q, backend.view(buf, lay.pooled[0], lay.plane), out, coarse_weights)
+    run_forward(backend, q, backend.view(buf, lay.pooled[0], lay.plane), out,
+                _coarse_weights(backend, buf, lay, problem, q.levels, lay.base_weight))
     args = (x, y, *weights, *_int64s(problem.height, problem.width, problem.channels,
                                      int(problem.has_bias), tiled.tiles_x, tiled.ntiles),
             out, *_int64s(q.height, q.width))
     backend.call(backend.kernel(tiled.spec), tiled.grid, tiled.block, args, tiled.shared_bytes)
+
+
+def _run_backward_split(backend, problem: Problem, x, dy, dx, weights: Weights,
+                        grads: Weights, split: SplitPlan) -> None:
+    """The backward of a split pass: pool ``x`` and ``dy``, the coarse levels' backward,
+    the fine levels on tiles, their finalize, then the coarse levels' gradients."""
+    lay, q, tiled = split.layout, split.coarse, split.tiles
+    buf = _run_coarse_in(backend, problem, split, (x, dy), weights)
+    out = backend.view(buf, lay.out, lay.plane)
+    coarse_grads = _coarse_weights(backend, buf, lay, problem, q.levels, lay.grads)
+    run_backward(backend, q, backend.view(buf, lay.pooled[0], lay.plane),
+                 backend.view(buf, lay.pooled[1], lay.plane), out,
+                 _coarse_weights(backend, buf, lay, problem, q.levels, lay.base_weight),
+                 coarse_grads)
+    partial = backend.float32(tiled.partial_floats)
+    args = (dy, dx, x, *weights, partial,
+            *_int64s(problem.height, problem.width, problem.channels, int(problem.has_bias),
+                     tiled.tiles_x, tiled.ntiles, problem.batch),
+            out, *_int64s(q.height, q.width))
+    backend.call(backend.kernel(tiled.spec), tiled.grid, tiled.block, args, tiled.shared_bytes)
+    _run_finalize(backend, problem, partial, weights, grads, tiled.finalize_dims, tiled.ntaps)
+    C, K2, c = problem.channels, problem.kernel_size ** 2, split.split
+    nweight, nscale = q.levels * C * 4 * K2, q.levels * C * 4
+    start = lay.grads + C * K2 + 2 * C
+    backend.call(backend.kernel(split.coarse_out), -(-(nweight + nscale) // COARSE_THREADS),
+                 COARSE_THREADS,
+                 (backend.view(buf, start, nweight + nscale), grads.wavelet_weight,
+                  grads.wavelet_scale, *_int64s(nweight, nscale, c * C * 4 * K2, c * C * 4)), 0)
 
 
 def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: Weights,
@@ -1058,7 +1117,9 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
     or one when a block holds all of its channels' work units
     (``PlaneSpec.fused_finalize``, see :func:`plan_plane`). Where
     :func:`plan_tiles` takes the backward, the tiled kernel and then
-    ``wtconv_finalize`` over its per-tile partials.
+    ``wtconv_finalize`` over its per-tile partials. Where :func:`plan_split`
+    splits it: ``wtconv_coarse_in``, the coarse problem's backward, the
+    tiles, ``wtconv_finalize`` and ``wtconv_coarse_out``.
 
     Parameters
     ----------
@@ -1089,6 +1150,10 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
     RuntimeError
         `SimulatorBackend` without ``NUMBA_ENABLE_CUDASIM=1``.
     """
+    split = plan_split(problem, backend.shared_limit, tuning, True)
+    if split is not None:
+        _run_backward_split(backend, problem, x, dy, dx, weights, grads, split)
+        return
     tiled = plan_tiles(problem, backend.shared_limit, tuning, True)
     if tiled is not None:
         partial = backend.float32(tiled.partial_floats)
