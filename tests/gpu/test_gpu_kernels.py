@@ -244,13 +244,17 @@ def test_split_matches_oracle(shape, levels, k, split, tile, storage):
 
 
 @pytest.mark.parametrize("storage", list(DTYPES))
-def test_split_is_the_default_for_deep_levels_on_large_planes(storage):
+@pytest.mark.parametrize("shape,levels,tile", [((2, 4, 257, 300), 5, 64),
+                                               ((8, 48, 56, 56), 5, 64),
+                                               ((32, 48, 28, 28), 4, 32)])
+def test_split_is_the_default_for_deep_levels(shape, levels, tile, storage):
+    """The planner's own split (large planes; ConvNeXt-T stages, one tile per plane)."""
     if 5 not in KERNEL_SIZES:
         pytest.skip("K = 5 runs in another GPU process")
-    shape, levels = (2, 4, 257, 300), 5
     problem = Problem(*shape, 5, levels, 1, storage, True)
     for backward in (False, True):
-        assert plan_split(problem, backend().shared_limit, backward=backward).split == 3
+        plan = plan_split(problem, backend().shared_limit, backward=backward)
+        assert plan.split == 2 and plan.tiles.spec.tile == tile
     run_case(shape, levels, 5, 1, storage)
 
 

@@ -15,7 +15,7 @@ from wtconv_cuda.kernels.coarse import (
     CoarseOutSpec, CoarseSpec, coarse_in_source, coarse_layout, coarse_out_source,
 )
 from wtconv_cuda.kernels.launch import (
-    Problem, SimulatorBackend, Tuning, Weights, plan_split, plan_tiles, planned_specs,
+    SPLIT_FINE_LEVELS, Problem, SimulatorBackend, Tuning, Weights, plan_split, plan_tiles, planned_specs,
     run_backward, run_forward, work_buffers,
 )
 from wtconv_cuda.kernels.tiles import TileSpec, tile_kernel_source
@@ -95,27 +95,52 @@ def test_split_matches_oracle(rng, shape, levels, k, split, tile, threads, strip
 
 
 def test_planner_splits_deep_levels_on_large_planes():
-    """Default: the deepest split whose tiles the tile rule takes; none where the tiles
-    take the whole problem, on small planes, at stride 2, or with the tiles off."""
+    """Default on large planes: the deepest split up to SPLIT_FINE_LEVELS that the tile
+    rule takes; none where the tiles take the whole problem, at stride 2, or with the
+    tiles or the split off."""
     plan = plan_split(Problem(8, 64, 512, 512, 5, 5, 1, "float32", True), LIMIT)
-    assert plan.split == 3 and plan.tiles.spec == TileSpec(5, "float32", 3, 64, 128, 4, 128,
-                                                           coarse=True)
-    assert plan.coarse == Problem(8, 64, 64, 64, 5, 2, 1, "float32", False)
-    assert plan.coarse_in == CoarseSpec("float32", 3)
+    assert plan.split == SPLIT_FINE_LEVELS == 2
+    assert plan.tiles.spec == TileSpec(5, "float32", 2, 64, 128, 4, 128, coarse=True)
+    assert plan.coarse == Problem(8, 64, 128, 128, 5, 3, 1, "float32", False)
+    assert plan.coarse_in == CoarseSpec("float32", 2)
     assert plan_split(Problem(8, 64, 512, 512, 9, 5, 1, "bfloat16", True), LIMIT).split == 2
-    assert plan_split(Problem(8, 64, 512, 512, 5, 4, 1, "float16", True), LIMIT).split == 3
+    assert plan_split(Problem(8, 64, 512, 512, 5, 4, 1, "float16", True), LIMIT).split == 2
+    back = plan_split(Problem(8, 64, 512, 512, 5, 5, 1, "bfloat16", True), LIMIT, backward=True)
+    assert back.split == 2 and back.tiles.spec.backward and back.coarse_in.pooled == 2
+    assert back.coarse_out == CoarseOutSpec("bfloat16") and plan.coarse_out is None
     for problem, tuning in [
             (Problem(8, 64, 512, 512, 5, 3, 1, "float32", True), Tuning()),  # tiles whole
             (Problem(8, 64, 512, 512, 5, 5, 2, "float32", True), Tuning()),  # stride 2
             (Problem(8, 64, 512, 512, 5, 5, 1, "float32", True), Tuning(tiles=False)),
             (Problem(8, 64, 512, 512, 5, 5, 1, "float32", True), Tuning(split=0)),
             (Problem(8, 64, 512, 512, 5, 5, 1, "float32", True), Tuning(split=5)),
-            (Problem(64, 96, 56, 56, 5, 5, 1, "float32", True), Tuning()),  # small planes
     ]:
         assert plan_split(problem, LIMIT, tuning) is None, (problem, tuning)
-    back = plan_split(Problem(8, 64, 512, 512, 5, 5, 1, "bfloat16", True), LIMIT, backward=True)
-    assert back.split == 3 and back.tiles.spec.backward and back.coarse_in.pooled == 2
-    assert back.coarse_out == CoarseOutSpec("bfloat16") and plan.coarse_out is None
+
+
+def test_planner_splits_convnext_stages_with_one_tile_per_plane():
+    """Default on planes no larger than a tile: L >= 4, one tile of the next power of two
+    that wastes little, a large enough problem."""
+    for backward in (False, True):
+        plan = plan_split(Problem(64, 96, 56, 56, 5, 5, 1, "float32", True), LIMIT,
+                          backward=backward)
+        assert plan.split == 2 and plan.tiles.spec.tile == 64 and plan.tiles.ntiles == 1
+        assert plan.coarse == Problem(64, 96, 14, 14, 5, 3, 1, "float32", False)
+        plan = plan_split(Problem(64, 192, 28, 28, 5, 4, 1, "bfloat16", True), LIMIT,
+                          backward=backward)
+        assert plan.split == 2 and plan.tiles.spec.tile == 32 and plan.tiles.ntiles == 1
+        assert plan.coarse == Problem(64, 192, 7, 7, 5, 2, 1, "float32", False)
+    assert plan_split(Problem(64, 96, 56, 56, 9, 5, 1, "float32", True), LIMIT).split == 2
+    for problem in [Problem(64, 384, 14, 14, 5, 3, 1, "float32", True),  # L 3
+                    Problem(64, 768, 7, 7, 5, 2, 1, "float32", True),
+                    Problem(64, 96, 40, 40, 5, 5, 1, "float32", True),  # a 64 tile wastes 2.6x
+                    Problem(1, 8, 56, 56, 5, 5, 1, "float32", True),  # too small a problem
+                    Problem(512, 8, 16, 16, 3, 4, 1, "float32", True),  # tile below 32
+                    Problem(64, 192, 28, 28, 7, 4, 1, "float32", True),  # halo: 3.1 reads
+                    Problem(64, 96, 56, 56, 5, 5, 1, "float32", True)._replace(stride=2)]:
+        assert plan_split(problem, LIMIT) is None, problem
+    assert plan_split(Problem(64, 96, 56, 56, 5, 5, 1, "float32", True), LIMIT,
+                      Tuning(tile=32)) is None  # an explicit tile edge: no default split
 
 
 def test_forced_split_on_convnext_planes():

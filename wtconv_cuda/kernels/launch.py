@@ -454,6 +454,24 @@ TILE_MAX_READ = 2.3
 #: Smallest plane, in pixels, that the tiles take by default when the plane
 #: kernel would still hold it in shared memory.
 TILE_MIN_PIXELS = 128 * 128
+#: Most levels the tiles run under a default split. At 8 x C x 512 x 512, K 5,
+#: fp32 on an H200, a split at 2 beat one at 3 by 17-20% (forward, L 4 and 5)
+#: and 40% (backward, L 5), and one at 1 by 5-50% (``tile_bench.py --splits``).
+SPLIT_FINE_LEVELS = 2
+#: Planes no larger than a tile split by default from this many levels on, with
+#: one tile (the next power of two) per plane where that wastes at most
+#: `SPLIT_MAX_WASTE` of the tile's pixels: at 64 x 96 x 56 x 56, L 5 the forward
+#: took 0.268 ms against the plane kernel's 0.386 and the backward 0.856
+#: against 1.058; at 64 x 192 x 28 x 28, L 4, 0.253 against 0.281 and 0.589
+#: against 0.609 (fp32). At 14 x 14, L 3 the plane kernel stays 2x faster.
+SPLIT_MIN_LEVELS = 4
+SPLIT_MAX_WASTE = 1.35
+#: ... and where the tile is at least this large (the measured ones: 32 and
+#: 64) and the problem has at least `SPLIT_MIN_PIXELS` pixels: a split issues
+#: three to five launches (~7 us of host time each) where the plane kernel
+#: issues one or two.
+SPLIT_MIN_TILE = 32
+SPLIT_MIN_PIXELS = 1 << 20
 
 
 class TileLaunch(NamedTuple):
@@ -617,11 +635,16 @@ def plan_split(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
     """Split a pass too deep for the tiles at level ``c``: a coarse pre-pass, then tiles.
 
     The tiles' halo doubles with every level (:mod:`wtconv_cuda.kernels.tiles`).
-    Where :func:`plan_tiles` takes a stride-1 problem at ``c < L`` levels
-    but not at ``L``, the levels above ``c`` run first on the raw LL band of
-    level ``c``, a ``4**c`` times smaller problem (:mod:`.coarse`), and the
-    tiles run ``c`` levels with the result. By default the largest such
-    ``c``; ``tuning.split`` forces one.
+    The levels above ``c`` run first on the raw LL band of level ``c``, a
+    ``4**c`` times smaller problem (:mod:`.coarse`), and the tiles run ``c``
+    levels with the result. By default a stride-1 pass splits where
+    :func:`plan_tiles` does not take it whole but takes it at ``c <=``
+    `SPLIT_FINE_LEVELS` levels (the largest such ``c``), and on planes no
+    larger than a tile (`TILE_EDGE`) from `SPLIT_MIN_LEVELS` levels on, at
+    `SPLIT_FINE_LEVELS`, with one tile per plane when that tile is at least
+    `SPLIT_MIN_TILE`, wastes at most `SPLIT_MAX_WASTE` of its pixels and
+    keeps its halo within `TILE_MAX_READ`, in problems of at least
+    `SPLIT_MIN_PIXELS` pixels. ``tuning.split`` forces a split.
 
     Parameters
     ----------
@@ -652,13 +675,17 @@ def plan_split(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
     else:
         if plan_tiles(p, shared_limit, tuning, backward) is not None:
             return None
-        choices = range(p.levels - 1, 0, -1)
+        choices = range(min(p.levels - 1, SPLIT_FINE_LEVELS), 0, -1)
     for c in choices:
         fine = plan_tiles(p._replace(levels=c), shared_limit, tuning, backward)
         if fine is not None:
             break
     else:
-        return None
+        c = min(p.levels - 1, SPLIT_FINE_LEVELS)
+        fine = None if tuning.split is not None else _small_plane_tiles(p, c, shared_limit,
+                                                                         tuning, backward)
+        if fine is None:
+            return None
     fine = fine._replace(spec=fine.spec._replace(coarse=True))
     coarse = Problem(p.batch, p.channels, -(-p.height >> c), -(-p.width >> c), p.kernel_size,
                      p.levels - c, 1, "float32", False)
@@ -670,6 +697,23 @@ def plan_split(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
     grid = -(-items // COARSE_THREADS)
     out = CoarseOutSpec(p.storage) if backward else None
     return SplitPlan(c, spec, grid, layout, coarse, fine, out)
+
+
+def _small_plane_tiles(p: Problem, c: int, shared_limit: int, tuning: Tuning, backward: bool):
+    """The tiles of a default split on a plane no larger than a tile, or None."""
+    if tuning.tiles is not None or tuning.tile or p.levels < SPLIT_MIN_LEVELS:
+        return None
+    if p.batch * p.channels * p.height * p.width < SPLIT_MIN_PIXELS:
+        return None
+    edge = 1 << (max(p.height, p.width) - 1).bit_length()
+    if not max(SPLIT_MIN_TILE, 2 ** c) <= edge <= TILE_EDGE:
+        return None
+    if edge * edge > SPLIT_MAX_WASTE * p.height * p.width:
+        return None
+    if tile_geometry(p.kernel_size, c, edge).read_amplification > TILE_MAX_READ:
+        return None
+    return plan_tiles(p._replace(levels=c), shared_limit,
+                      tuning._replace(tiles=True, tile=edge), backward)
 
 
 class CupyBackend:

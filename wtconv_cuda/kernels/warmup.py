@@ -19,9 +19,10 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from .codegen import STORAGE, FinalizeSpec
+from .codegen import STORAGE, FinalizeSpec, PlaneSpec
 from .launch import (
-    FINALIZE_THREADS, Problem, Tuning, plan_plane, plan_split, plan_tiles, planned_specs,
+    FINALIZE_THREADS, SPLIT_MIN_PIXELS, Problem, Tuning, plan_plane, plan_split, plan_tiles,
+    planned_specs,
 )
 
 DEFAULT_SHARED_LIMIT = 227 * 1024 - 1024  # H100/H200 opt-in limit, less a margin
@@ -32,11 +33,12 @@ def variants(kernel_sizes, storages, strides, plane_sizes, levels=range(7),
              shared_limit=DEFAULT_SHARED_LIMIT, tunings=(Tuning(),)) -> list:
     """Every kernel spec the planner picks for these options (forward and backward).
 
-    The planner's choice does not depend on the batch size or channel count,
-    except for whether a backward block writes the gradients itself
-    (``PlaneSpec.fused_finalize``), so one problem per combination of the
-    options, plus the other finalize choice of each backward spec, covers
-    them all. Where the planner runs a pass on tiles
+    The planner's choice depends on the batch size and channel count only
+    through whether a backward block writes the gradients itself
+    (``PlaneSpec.fused_finalize``) and whether a problem is large enough to
+    split (:data:`~wtconv_cuda.kernels.launch.SPLIT_MIN_PIXELS`), so a
+    single-plane problem and a large one per combination of the options, plus
+    the other finalize choice of each backward spec, cover them all. Where the planner runs a pass on tiles
     (:func:`~wtconv_cuda.kernels.launch.plan_tiles`), the tile spec is listed
     before the plane specs, which stay in the list (``Tuning(tiles=False)``
     runs them); where it splits a pass
@@ -62,7 +64,7 @@ def variants(kernel_sizes, storages, strides, plane_sizes, levels=range(7),
 
     Returns
     -------
-    list of CoarseSpec, TileSpec, PlaneSpec and FinalizeSpec
+    list of CoarseSpec, TileSpec, PlaneSpec, FinalizeSpec and CoarseOutSpec
         Without duplicates, in first-planned order: the tile and plane specs,
         then one finalize spec per kernel size and storage.
     """
@@ -70,15 +72,20 @@ def variants(kernel_sizes, storages, strides, plane_sizes, levels=range(7),
     for k, storage, stride, (h, w), lv, tuning in itertools.product(
             kernel_sizes, storages, strides, plane_sizes, levels, tunings):
         problem = Problem(1, 1, h, w, k, lv, stride, storage, True)
+        # a problem large enough for the planner's size rules (SPLIT_MIN_PIXELS)
+        large = problem._replace(batch=-(-SPLIT_MIN_PIXELS // (h * w)))
         for backward in (False, True):
             tiled = plan_tiles(problem, shared_limit, tuning, backward)
             if tiled is not None:  # large planes: the tiles (the plane kernel stays warm too)
                 specs.append(tiled.spec)
-            elif plan_split(problem, shared_limit, tuning, backward) is not None:
-                # deep levels on large planes: coarse pre-pass, coarse problem, tiles
-                specs.extend(s for s in planned_specs(problem, backward, shared_limit,
-                                                      DEFAULT_SLOTS, tuning)
-                             if not isinstance(s, FinalizeSpec))
+            for p in (problem, large):
+                if plan_split(p, shared_limit, tuning, backward) is None:
+                    continue
+                # deep levels: coarse pre-pass, the coarse problem, tiles, coarse_out
+                for spec in planned_specs(p, backward, shared_limit, DEFAULT_SLOTS, tuning):
+                    specs.append(spec)
+                    if isinstance(spec, PlaneSpec) and backward:
+                        specs.append(spec._replace(fused_finalize=not spec.fused_finalize))
         for backward in (False, True):
             spec = plan_plane(problem, backward, shared_limit, DEFAULT_SLOTS, tuning).spec
             specs.append(spec)
