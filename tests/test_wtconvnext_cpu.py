@@ -395,6 +395,11 @@ def test_stage_planes_and_precompile_specs():
     assert wn.stage_planes(64) == [16, 8, 4, 2]
     specs = wn._precompile_specs([(56, 5), (28, 4)], ["float32"])
     # forward and backward (with and without the fused finalize) of each plane, plus one
-    # finalize kernel
-    assert len(specs) == 7 and len(set(specs)) == len(specs)
+    # finalize kernel, plus the split forward of each stage (one pre-pass kernel for
+    # both, the coarse problem's forward, the tiles)
+    from wtconv_cuda.kernels.coarse import CoarseSpec
+    from wtconv_cuda.kernels.tiles import TileSpec
+    assert len(specs) == 7 + 5 and len(set(specs)) == len(specs)
+    assert [type(s) for s in specs].count(CoarseSpec) == 1
+    assert sorted(s.tile for s in specs if isinstance(s, TileSpec)) == [32, 64]
     assert sum(getattr(s, "fused_finalize", False) for s in specs) == 2

@@ -40,6 +40,16 @@ class Registry:
         self.arrays[address] = array
         return np.uint64(address)
 
+    def resolve(self, address: int) -> np.ndarray:
+        """The array at ``address``, or the tail of a float32 work buffer from an address
+        inside it (the split passes' views, :meth:`PointerLauncher.view`)."""
+        if address in self.arrays:
+            return self.arrays[address]
+        for base, array in self.arrays.items():
+            if array.dtype == np.float32 and base < address < base + array.nbytes:
+                return array.reshape(-1)[(address - base) // 4:]
+        raise KeyError(hex(address))
+
     def allocate(self, n):
         buffer = np.full(n, np.nan, dtype=np.float32)
         self.allocations.append(n)
@@ -75,7 +85,7 @@ def simulated(monkeypatch):
 
     def call(self, kernel, grid, block, args, shared_bytes):
         # Pointers (numpy.uint64) map back to their arrays; scalars pass as they are.
-        arrays = [registry.arrays[int(a)] if isinstance(a, np.uint64) else a for a in args]
+        arrays = [registry.resolve(int(a)) if isinstance(a, np.uint64) else a for a in args]
         backend.call(kernel, grid, block, arrays, shared_bytes)
 
     monkeypatch.setattr(_common.PointerLauncher, "call", call)
@@ -223,3 +233,36 @@ def test_jax_gpu_path(simulated, monkeypatch, rng, shape, k, levels, stride, bia
             assert rel(getattr(dw, name), want) < TOL[storage], name
     # The partials (and scratch) were XLA's extra results: nothing fell back to CuPy.
     assert not simulated.allocations
+
+
+def test_split_passes_through_pointers(simulated, rng):
+    """A forced split, forward and backward, through raw addresses: the work buffers'
+    views are address offsets, and the pooled buffer is released before the tiles'
+    partials are allocated."""
+    from wtconv_cuda.kernels.launch import Problem, Tuning, Weights, run_backward, run_forward
+
+    shape, k, levels = (1, 2, 21, 19), 3, 3
+    w = random_weights(rng, shape[1], k, levels, True, dtype=np.float32)
+    x = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    y, dx = (np.full(shape, np.nan, np.float32) for _ in range(2))
+    grads = [np.full(a.shape, np.nan, np.float32) for a in w]
+    problem = Problem(*shape, k, levels, 1, "float32", True)
+    tuning = Tuning(split=1, tile=8, threads=32, strip=2)
+    weights = Weights(*(simulated.add(a) for a in w))
+    for backward in (False, True):
+        launcher = _common.PointerLauncher(simulated.device, FakeStream(), simulated.allocate,
+                                           simulated.make_table)
+        if backward:
+            run_backward(launcher, problem, simulated.add(x), simulated.add(dy),
+                         simulated.add(dx), weights, Weights(*(simulated.add(g) for g in grads)),
+                         tuning)
+        else:
+            run_forward(launcher, problem, simulated.add(x), simulated.add(y), weights, tuning)
+        # held: the coarse buffer (and backward the tiles' partials), not the pooled one
+        assert len(launcher.keep) == (2 if backward else 1)
+    dx_ref, dw_ref = reference.backward(x, w, dy, levels, 1)
+    assert rel(y, reference.forward(x, w, levels, 1)) < TOL["float32"]
+    assert rel(dx, dx_ref) < TOL["float32"]
+    for name, g in zip(w._fields, grads):
+        assert rel(g, getattr(dw_ref, name)) < TOL["float32"], name

@@ -248,13 +248,15 @@ def test_split_matches_oracle(shape, levels, k, split, tile, storage):
                                                ((8, 48, 56, 56), 5, 64),
                                                ((32, 48, 28, 28), 4, 32)])
 def test_split_is_the_default_for_deep_levels(shape, levels, tile, storage):
-    """The planner's own split (large planes; ConvNeXt-T stages, one tile per plane)."""
+    """The planner's own split (large planes: both passes; ConvNeXt-T stages, one tile per
+    plane: the forward)."""
     if 5 not in KERNEL_SIZES:
         pytest.skip("K = 5 runs in another GPU process")
     problem = Problem(*shape, 5, levels, 1, storage, True)
-    for backward in (False, True):
-        plan = plan_split(problem, backend().shared_limit, backward=backward)
-        assert plan.split == 2 and plan.tiles.spec.tile == tile
+    plan = plan_split(problem, backend().shared_limit)
+    assert plan.split == 2 and plan.tiles.spec.tile == tile
+    back = plan_split(problem, backend().shared_limit, backward=True)
+    assert (back is not None) == (shape[2] > 64)
     run_case(shape, levels, 5, 1, storage)
 
 

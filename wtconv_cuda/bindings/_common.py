@@ -343,8 +343,8 @@ class PointerLauncher:
     """
 
     simulate = False
-    __slots__ = ("_device", "_stream", "_allocate", "_make_table", "keep", "shared_limit",
-                 "max_slots")
+    __slots__ = ("_device", "_stream", "_allocate", "_make_table", "keep", "_pointers",
+                 "shared_limit", "max_slots")
 
     def __init__(self, device: DeviceKernels, stream, allocate: Callable, make_table: Callable):
         self._device = device
@@ -352,6 +352,7 @@ class PointerLauncher:
         self._allocate = allocate
         self._make_table = make_table
         self.keep: list = []
+        self._pointers: list = []
         self.shared_limit = device.shared_limit
         self.max_slots = device.max_slots
 
@@ -391,8 +392,19 @@ class PointerLauncher:
         """Device address of ``max(n, 1)`` float32 work elements, kept alive by this launcher."""
         owner, pointer = self._allocate(max(int(n), 1))
         self.keep.append(owner)
+        self._pointers.append(int(pointer))
         return np.uint64(pointer)
 
     def view(self, buffer, start: int, count: int):
         """Device address of element ``start`` of a work buffer from :meth:`float32`."""
         return np.uint64(int(buffer) + 4 * int(start))
+
+    def release(self, buffer) -> None:
+        """Drop this launcher's hold on a work buffer from :meth:`float32` (its memory may
+        then serve later allocations on this launcher's stream, after the launches
+        already queued)."""
+        pointer = int(buffer)
+        for i, owner_pointer in enumerate(self._pointers):
+            if owner_pointer == pointer:
+                del self.keep[i], self._pointers[i]
+                return

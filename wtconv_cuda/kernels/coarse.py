@@ -26,13 +26,16 @@ gradient arrays, rounded once to the storage type.
 extension is exactly SPEC.md's padding of odd sizes, at every level), so
 the split changes no rounding of the LL chain.
 
-Work buffer (float32 elements, one allocation, see :func:`coarse_layout`)::
+Two float32 work buffers (see :func:`coarse_layout`): the pooled arrays,
+``[ v_c(x) ]`` (backward ``[ v_c(x) | v_c(dy) ]``), which are dead once the
+coarse pass has run and are released before the tiles allocate theirs, and
+the rest::
 
-    [ v_c | r | zero base weight (C K K) | zero base scale (C) | w_j, j > c | s_j, j > c ]
+    [ r | zero base weight (C K K) | zero base scale (C) | w_j, j > c | s_j, j > c ]
 
 (``r`` is written by step 2). The backward's::
 
-    [ v_c(x) | v_c(dy) | gradient of v_c | parameters as above | their gradients ]
+    [ gradient of v_c | parameters as above | their gradients ]
 
 the gradients laid out as the parameters, with a bias gradient's ``C``
 values (never written) after the base weight's.
@@ -72,27 +75,31 @@ class CoarseSpec(NamedTuple):
 
 
 class CoarseLayout(NamedTuple):
-    """Offsets (float32 elements) of the coarse pre-pass's work buffer.
+    """Offsets (float32 elements) of the coarse pre-pass's two work buffers.
 
     Attributes
     ----------
     pooled : tuple of int
-        Offset of each pooled array (``v_c`` of ``x``; then of ``dy``).
+        Offset of each pooled array (``v_c`` of ``x``; then of ``dy``) in the
+        pooled buffer.
+    pooled_floats : int
+        Elements of the pooled buffer.
     out : int
-        Offset of the coarse pass's output (``r`` forward, the gradient of
-        ``v_c`` backward).
+        Offset, in the other buffer (as every offset below), of the coarse
+        pass's output (``r`` forward, the gradient of ``v_c`` backward): 0.
     base_weight, base_scale, wavelet_weight, wavelet_scale : int
         Offsets of the coarse problem's float32 parameters.
     grads : int
         Backward only (else 0): offset of the coarse problem's gradients,
         laid out as its parameters (five arrays, the bias's ``C`` included).
     floats : int
-        Elements of the whole buffer.
+        Elements of the other buffer.
     plane : int
         Elements of one pooled array, ``B C Hc Wc``.
     """
 
     pooled: tuple
+    pooled_floats: int
     out: int
     base_weight: int
     base_scale: int
@@ -105,7 +112,7 @@ class CoarseLayout(NamedTuple):
 
 def coarse_layout(batch: int, channels: int, coarse_height: int, coarse_width: int,
                   kernel_size: int, coarse_levels: int, backward: bool = False) -> CoarseLayout:
-    """Offsets of the coarse pre-pass's work buffer (see the module docstring).
+    """Offsets of the coarse pre-pass's work buffers (see the module docstring).
 
     Parameters
     ----------
@@ -128,7 +135,7 @@ def coarse_layout(batch: int, channels: int, coarse_height: int, coarse_width: i
     plane = batch * channels * coarse_height * coarse_width
     npooled = 2 if backward else 1
     pooled = tuple(i * plane for i in range(npooled))
-    out = npooled * plane
+    out = 0
     params = C * K2 + C + coarse_levels * C * 4 * K2 + coarse_levels * C * 4
     base_weight = out + plane
     base_scale = base_weight + C * K2
@@ -136,22 +143,22 @@ def coarse_layout(batch: int, channels: int, coarse_height: int, coarse_width: i
     wavelet_scale = wavelet_weight + coarse_levels * C * 4 * K2
     grads = wavelet_scale + coarse_levels * C * 4 if backward else 0
     floats = base_weight + params + (params + C if backward else 0)
-    return CoarseLayout(pooled, out, base_weight, base_scale, wavelet_weight, wavelet_scale,
+    return CoarseLayout(pooled, npooled * plane, out, base_weight, base_scale, wavelet_weight, wavelet_scale,
                         grads, floats, plane)
 
 
 def coarse_in_source(spec: CoarseSpec) -> str:
     """Python source of ``wtconv_coarse_in`` for ``spec``.
 
-    Arguments: ``(x, [dy,] ww, ws, buf, H, W, Hc, Wc, npool, nzero, nweight,
-    nscale, wstart, sstart)``: pointers to the storage type for the pooled
-    arrays and the parameters ``ww`` ``(L, C, 4, K, K)`` and ``ws`` ``(L, C,
-    4)``, a float32 pointer ``buf`` to the work buffer, then int64 scalars.
-    Item ``i`` of a grid-stride loop over ``npool + nzero + nweight +
-    nscale`` items is, in that order: LL value ``i`` of every pooled array
-    (written at ``buf[i]``, ``buf[npool + i]``), then ``nzero`` zeros (base
-    weight and scale), the coarse ``ww[wstart:]`` and ``ws[sstart:]`` as
-    float32, written after the pooled arrays and the output area (which is
+    Arguments: ``(x, [dy,] ww, ws, pooled, keep, H, W, Hc, Wc, npool, nzero,
+    nweight, nscale, wstart, sstart)``: pointers to the storage type for the
+    pooled arrays and the parameters ``ww`` ``(L, C, 4, K, K)`` and ``ws``
+    ``(L, C, 4)``, float32 pointers to the two work buffers, then int64
+    scalars. Item ``i`` of a grid-stride loop over ``npool + nzero + nweight
+    + nscale`` items is, in that order: LL value ``i`` of every pooled array
+    (written at ``pooled[i]``, ``pooled[npool + i]``), then ``nzero`` zeros
+    (base weight and scale), the coarse ``ww[wstart:]`` and ``ws[sstart:]``
+    as float32, written into ``keep`` after its output area (which is
     ``npool`` long).
 
     Parameters
@@ -181,13 +188,12 @@ def coarse_in_source(spec: CoarseSpec) -> str:
         raise ValueError(f"threads must be a positive multiple of 32, got {spec.threads}")
     arrays = ["x", "dy"][:spec.pooled]
     e = _Emitter()
-    e(f"def wtconv_coarse_in({', '.join(arrays)}, ww, ws, buf, H, W, Hc, Wc, npool, nzero, "
-      "nweight, nscale, wstart, sstart):")
+    e(f"def wtconv_coarse_in({', '.join(arrays)}, ww, ws, pooled, keep, H, W, Hc, Wc, npool, "
+      "nzero, nweight, nscale, wstart, sstart):")
     with e.indent():
         e("fz = float32(0.0)", "f05 = float32(0.5)",
           "total = npool + nzero + nweight + nscale",
           "plane_size = Hc * Wc",
-          f"rest = {spec.pooled + 1} * npool",
           f"for i in range(int64(cuda.grid(1)), total, int64(cuda.gridsize(1))):")
         with e.indent():
             e("if i < npool:")
@@ -202,15 +208,15 @@ def coarse_in_source(spec: CoarseSpec) -> str:
                     e(f"col{s} = x0 + {s} < W")
                 for a, array in enumerate(arrays):
                     value = _emit_block_ll(e, spec.storage, array, c, 0, 0, f"v{a}")
-                    e(f"buf[{a} * npool + i] = {value}")
+                    e(f"pooled[{a} * npool + i] = {value}")
             e("else:")
             with e.indent():
                 e("j = i - npool",
-                  "if j < nzero:", "    buf[rest + j] = fz",
+                  "if j < nzero:", "    keep[npool + j] = fz",
                   "elif j < nzero + nweight:",
-                  f"    buf[rest + j] = {_load(spec.storage, 'ww[wstart + j - nzero]')}",
+                  f"    keep[npool + j] = {_load(spec.storage, 'ww[wstart + j - nzero]')}",
                   "else:",
-                  f"    buf[rest + j] = "
+                  f"    keep[npool + j] = "
                   f"{_load(spec.storage, 'ws[sstart + j - nzero - nweight]')}")
     return e.text()
 

@@ -464,6 +464,9 @@ SPLIT_FINE_LEVELS = 2
 #: took 0.268 ms against the plane kernel's 0.386 and the backward 0.856
 #: against 1.058; at 64 x 192 x 28 x 28, L 4, 0.253 against 0.281 and 0.589
 #: against 0.609 (fp32). At 14 x 14, L 3 the plane kernel stays 2x faster.
+#: Only the forward: the backward's float32 work buffers (the pooled ``x`` and
+#: ``dy``, one partial per tile) raised peak training memory at the ConvNeXt-T
+#: stages from 1.04-1.08x to 1.13-1.49x depthwise 7x7.
 SPLIT_MIN_LEVELS = 4
 SPLIT_MAX_WASTE = 1.35
 #: ... and where the tile is at least this large (the measured ones: 32 and
@@ -640,7 +643,7 @@ def plan_split(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
     levels with the result. By default a stride-1 pass splits where
     :func:`plan_tiles` does not take it whole but takes it at ``c <=``
     `SPLIT_FINE_LEVELS` levels (the largest such ``c``), and on planes no
-    larger than a tile (`TILE_EDGE`) from `SPLIT_MIN_LEVELS` levels on, at
+    larger than a tile (`TILE_EDGE`) the forward from `SPLIT_MIN_LEVELS` levels on, at
     `SPLIT_FINE_LEVELS`, with one tile per plane when that tile is at least
     `SPLIT_MIN_TILE`, wastes at most `SPLIT_MAX_WASTE` of its pixels and
     keeps its halo within `TILE_MAX_READ`, in problems of at least
@@ -700,8 +703,8 @@ def plan_split(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
 
 
 def _small_plane_tiles(p: Problem, c: int, shared_limit: int, tuning: Tuning, backward: bool):
-    """The tiles of a default split on a plane no larger than a tile, or None."""
-    if tuning.tiles is not None or tuning.tile or p.levels < SPLIT_MIN_LEVELS:
+    """The tiles of a default split forward on a plane no larger than a tile, or None."""
+    if backward or tuning.tiles is not None or tuning.tile or p.levels < SPLIT_MIN_LEVELS:
         return None
     if p.batch * p.channels * p.height * p.width < SPLIT_MIN_PIXELS:
         return None
@@ -852,6 +855,9 @@ class CupyBackend:
         """Elements ``start .. start + count`` of a float32 work buffer (a view)."""
         return buffer[start:start + count]
 
+    def release(self, buffer) -> None:
+        """Nothing: a work buffer returns to the pool when its last reference goes."""
+
 
 class SimulatorBackend:
     """Runs the generated kernels in numba's CUDA simulator on NumPy arrays.
@@ -945,6 +951,9 @@ class SimulatorBackend:
         """Elements ``start .. start + count`` of a float32 work buffer (a view)."""
         return buffer[start:start + count]
 
+    def release(self, buffer) -> None:
+        """Nothing: a work buffer returns to the pool when its last reference goes."""
+
 
 def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots: int,
                  tuning: Tuning = Tuning()) -> tuple[int, ...]:
@@ -975,13 +984,14 @@ def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots:
         (:attr:`TileLaunch.partial_floats`),
         ``([scratch])`` forward (an empty tuple when no scratch is needed or
         the forward runs on tiles); a split pass (:func:`plan_split`) asks
-        for its coarse work buffer first, then for the coarse problem's
-        buffers (and, backward, then for the tiles' partials).
+        for its two coarse work buffers first (pooled arrays, then the rest),
+        then for the coarse problem's buffers (and, backward, then for the
+        tiles' partials).
     """
     split = plan_split(problem, shared_limit, tuning, backward)
     if split is not None:
-        sizes = (split.layout.floats,) + work_buffers(split.coarse, backward, shared_limit,
-                                                      max_slots)
+        sizes = (split.layout.pooled_floats, split.layout.floats) + work_buffers(
+            split.coarse, backward, shared_limit, max_slots)
         return sizes + (split.tiles.partial_floats,) if backward else sizes
     tiled = plan_tiles(problem, shared_limit, tuning, backward)
     if tiled is not None:
@@ -1101,24 +1111,26 @@ def _coarse_weights(backend, buf, lay: CoarseLayout, problem: Problem, levels: i
 
 
 def _run_coarse_in(backend, problem: Problem, split: SplitPlan, pooled: tuple,
-                   weights: Weights):
-    """The split's work buffer, filled by ``wtconv_coarse_in``."""
-    buf = backend.float32(split.layout.floats)
+                   weights: Weights) -> tuple:
+    """The split's two work buffers ``(pooled, keep)``, filled by ``wtconv_coarse_in``."""
+    pool = backend.float32(split.layout.pooled_floats)
+    keep = backend.float32(split.layout.floats)
     backend.call(backend.kernel(split.coarse_in), split.grid, COARSE_THREADS,
-                 (*pooled, weights.wavelet_weight, weights.wavelet_scale, buf,
+                 (*pooled, weights.wavelet_weight, weights.wavelet_scale, pool, keep,
                   *split.coarse_in_args(problem)), 0)
-    return buf
+    return pool, keep
 
 
 def _run_forward_split(backend, problem: Problem, x, y, weights: Weights,
                        split: SplitPlan) -> None:
     """The forward of a split pass: pool, coarse levels, then the fine levels on tiles."""
     lay, q, tiled = split.layout, split.coarse, split.tiles
-    buf = _run_coarse_in(backend, problem, split, (x,), weights)
+    pool, keep = _run_coarse_in(backend, problem, split, (x,), weights)
     # Exact views: the simulator copies each array argument in and out.
-    out = backend.view(buf, lay.out, lay.plane)
-    run_forward(backend, q, backend.view(buf, lay.pooled[0], lay.plane), out,
-                _coarse_weights(backend, buf, lay, problem, q.levels, lay.base_weight))
+    out = backend.view(keep, lay.out, lay.plane)
+    run_forward(backend, q, backend.view(pool, lay.pooled[0], lay.plane), out,
+                _coarse_weights(backend, keep, lay, problem, q.levels, lay.base_weight))
+    backend.release(pool)
     args = (x, y, *weights, *_int64s(problem.height, problem.width, problem.channels,
                                      int(problem.has_bias), tiled.tiles_x, tiled.ntiles),
             out, *_int64s(q.height, q.width))
@@ -1128,15 +1140,17 @@ def _run_forward_split(backend, problem: Problem, x, y, weights: Weights,
 def _run_backward_split(backend, problem: Problem, x, dy, dx, weights: Weights,
                         grads: Weights, split: SplitPlan) -> None:
     """The backward of a split pass: pool ``x`` and ``dy``, the coarse levels' backward,
-    the fine levels on tiles, their finalize, then the coarse levels' gradients."""
+    the fine levels on tiles, their finalize, then the coarse levels' gradients. The
+    pooled arrays are released before the tiles' partials are allocated."""
     lay, q, tiled = split.layout, split.coarse, split.tiles
-    buf = _run_coarse_in(backend, problem, split, (x, dy), weights)
-    out = backend.view(buf, lay.out, lay.plane)
-    coarse_grads = _coarse_weights(backend, buf, lay, problem, q.levels, lay.grads)
-    run_backward(backend, q, backend.view(buf, lay.pooled[0], lay.plane),
-                 backend.view(buf, lay.pooled[1], lay.plane), out,
-                 _coarse_weights(backend, buf, lay, problem, q.levels, lay.base_weight),
-                 coarse_grads)
+    pool, keep = _run_coarse_in(backend, problem, split, (x, dy), weights)
+    out = backend.view(keep, lay.out, lay.plane)
+    run_backward(backend, q, backend.view(pool, lay.pooled[0], lay.plane),
+                 backend.view(pool, lay.pooled[1], lay.plane), out,
+                 _coarse_weights(backend, keep, lay, problem, q.levels, lay.base_weight),
+                 _coarse_weights(backend, keep, lay, problem, q.levels, lay.grads))
+    backend.release(pool)
+    del pool
     partial = backend.float32(tiled.partial_floats)
     args = (dy, dx, x, *weights, partial,
             *_int64s(problem.height, problem.width, problem.channels, int(problem.has_bias),
@@ -1149,7 +1163,7 @@ def _run_backward_split(backend, problem: Problem, x, dy, dx, weights: Weights,
     start = lay.grads + C * K2 + 2 * C
     backend.call(backend.kernel(split.coarse_out), -(-(nweight + nscale) // COARSE_THREADS),
                  COARSE_THREADS,
-                 (backend.view(buf, start, nweight + nscale), grads.wavelet_weight,
+                 (backend.view(keep, start, nweight + nscale), grads.wavelet_weight,
                   grads.wavelet_scale, *_int64s(nweight, nscale, c * C * 4 * K2, c * C * 4)), 0)
 
 
