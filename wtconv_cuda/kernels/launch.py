@@ -466,7 +466,7 @@ SPLIT_FINE_LEVELS = 2
 #: against 0.609 (fp32). At 14 x 14, L 3 the plane kernel stays 2x faster.
 #: Only the forward: the backward's float32 work buffers (the pooled ``x`` and
 #: ``dy``, one partial per tile) raised peak training memory at the ConvNeXt-T
-#: stages from 1.04-1.08x to 1.13-1.49x depthwise 7x7.
+#: stages from 1.04x to 1.14-1.50x depthwise 7x7.
 SPLIT_MIN_LEVELS = 4
 SPLIT_MAX_WASTE = 1.35
 #: ... and where the tile is at least this large (the measured ones: 32 and
