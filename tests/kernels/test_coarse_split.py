@@ -15,26 +15,17 @@ from wtconv_cuda.kernels.coarse import (
     CoarseOutSpec, CoarseSpec, coarse_in_source, coarse_layout, coarse_out_source,
 )
 from wtconv_cuda.kernels.launch import (
-    SPLIT_FINE_LEVELS, Problem, SimulatorBackend, Tuning, Weights, plan_split, plan_tiles, planned_specs,
+    SPLIT_FINE_LEVELS, Problem, Tuning, Weights, plan_split, plan_tiles, planned_specs,
     run_backward, run_forward, work_buffers,
 )
 from wtconv_cuda.kernels.tiles import TileSpec, tile_kernel_source
 
 from ..conftest import random_weights
+from ._backends import RecordingBackend
 
 LIMIT = 227 * 1024 - 1024
 simulator = pytest.mark.skipif(os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
                                reason="needs numba's CUDA simulator")
-
-
-class _RecordingBackend(SimulatorBackend):
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.requests = []
-
-    def float32(self, n):
-        self.requests.append(n)
-        return super().float32(n)
 
 
 #: (shape, levels, k, split, tile, threads, strip, storage, bias): odd planes with
@@ -61,7 +52,7 @@ def test_split_matches_oracle(rng, shape, levels, k, split, tile, threads, strip
                       wts.base_scale, wts.wavelet_weight, wts.wavelet_scale)
     problem = Problem(b, c, h, w, k, levels, 1, storage, bias)
     tuning = Tuning(split=split, tile=tile, threads=threads, strip=strip)
-    backend = _RecordingBackend()
+    backend = RecordingBackend()
     for backward in (False, True):
         plan = plan_split(problem, backend.shared_limit, tuning, backward)
         assert plan is not None and plan.split == split and plan.tiles.spec.levels == split

@@ -19,6 +19,7 @@ from wtconv_cuda.kernels.launch import (
 from wtconv_cuda.kernels.tiles import analysis_plan
 
 from ..conftest import random_weights
+from ._backends import RecordingBackend
 
 pytestmark = pytest.mark.skipif(os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
                                 reason="needs numba's CUDA simulator")
@@ -170,22 +171,12 @@ def test_fused_finalize_matches_two_launches(rng, threads, batch_chunk, group, s
         np.testing.assert_array_equal(fused_array, two_launch_array)
 
 
-class _RecordingBackend(SimulatorBackend):
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.requests = []
-
-    def float32(self, n):
-        self.requests.append(n)
-        return super().float32(n)
-
-
 @pytest.mark.parametrize("shared_limit", [227 * 1024, 0])
 def test_work_buffers_match_requests(rng, shared_limit):
     """Bindings size their buffers with work_buffers(); it must match what runs ask for."""
     from wtconv_cuda.kernels.launch import work_buffers
     shape, levels, k = (2, 2, 7, 9), 2, 3
-    backend = _RecordingBackend(shared_limit=shared_limit)
+    backend = RecordingBackend(shared_limit=shared_limit)
     problem = Problem(*shape, k, levels, 1, "float32", True)
     x = rng.standard_normal(shape).astype(np.float32)
     wts = random_weights(rng, 2, k, levels, dtype=np.float32)
@@ -254,7 +245,7 @@ def test_tiled_forward_matches_oracle(rng, shape, levels, k, tile, threads, stri
                       wts.base_scale, wts.wavelet_weight, wts.wavelet_scale)
     problem = Problem(b, c, h, w, k, levels, 1, storage, bias)
     tuning = Tuning(tiles=True, tile=tile, threads=threads, strip=strip)
-    backend = _RecordingBackend()
+    backend = RecordingBackend()
     plan = plan_tiles(problem, backend.shared_limit, tuning)
     assert plan is not None and plan.grid == b * c * -(-h // tile) * -(-w // tile)
     x_before = x.copy()
@@ -351,7 +342,7 @@ def test_tiled_backward_matches_oracle(rng, shape, levels, k, tuning, storage, b
 def test_tiled_backward_buffers_match_requests(rng):
     shape, levels, k = (2, 2, 12, 17), 1, 3
     tuning = Tuning(tiles=True, tile=8, threads=32, strip=2)
-    backend = _RecordingBackend()
+    backend = RecordingBackend()
     problem = Problem(*shape, k, levels, 1, "float32", True)
     x = rng.standard_normal(shape).astype(np.float32)
     weights = Weights(*random_weights(rng, 2, k, levels, dtype=np.float32))

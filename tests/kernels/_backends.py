@@ -1,0 +1,15 @@
+"""Test doubles of the kernel backends."""
+
+from wtconv_cuda.kernels.launch import SimulatorBackend
+
+
+class RecordingBackend(SimulatorBackend):
+    """The simulator backend, recording the sizes of the work buffers it is asked for."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.requests = []
+
+    def float32(self, n):
+        self.requests.append(n)
+        return super().float32(n)
