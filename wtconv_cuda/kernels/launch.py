@@ -1031,7 +1031,6 @@ def planned_specs(problem: Problem, backward: bool, shared_limit: int, max_slots
         specs = ([split.coarse_in] + planned_specs(split.coarse, backward, shared_limit,
                                                    max_slots) + [split.tiles.spec])
         return specs + [finalize, split.coarse_out] if backward else specs
-    finalize = FinalizeSpec(problem.kernel_size, problem.storage, FINALIZE_THREADS)
     tiled = plan_tiles(problem, shared_limit, tuning, backward)
     if tiled is not None:
         return [tiled.spec, finalize] if backward else [tiled.spec]
