@@ -92,6 +92,9 @@ class CoarseLayout(NamedTuple):
     grads : int
         Backward only (else 0): offset of the coarse problem's gradients,
         laid out as its parameters (five arrays, the bias's ``C`` included).
+    grad_levels : int
+        Backward only (else 0): offset of the coarse levels' weight
+        gradients within them, followed by their scale gradients.
     floats : int
         Elements of the other buffer.
     plane : int
@@ -106,6 +109,7 @@ class CoarseLayout(NamedTuple):
     wavelet_weight: int
     wavelet_scale: int
     grads: int
+    grad_levels: int
     floats: int
     plane: int
 
@@ -142,9 +146,10 @@ def coarse_layout(batch: int, channels: int, coarse_height: int, coarse_width: i
     wavelet_weight = base_scale + C
     wavelet_scale = wavelet_weight + coarse_levels * C * 4 * K2
     grads = wavelet_scale + coarse_levels * C * 4 if backward else 0
+    grad_levels = grads + C * K2 + 2 * C if backward else 0
     floats = base_weight + params + (params + C if backward else 0)
     return CoarseLayout(pooled, npooled * plane, out, base_weight, base_scale, wavelet_weight, wavelet_scale,
-                        grads, floats, plane)
+                        grads, grad_levels, floats, plane)
 
 
 def coarse_in_source(spec: CoarseSpec) -> str:

@@ -613,6 +613,9 @@ class SplitPlan(NamedTuple):
     coarse_out : CoarseOutSpec or None
         Backward: the ``wtconv_coarse_out`` variant that stores the coarse
         levels' gradients; None forward.
+    coarse_in_scalars : tuple of numpy.int64
+        The int64 arguments of the ``wtconv_coarse_in`` launch, after its
+        pointers.
     """
 
     split: int
@@ -622,14 +625,7 @@ class SplitPlan(NamedTuple):
     coarse: Problem
     tiles: TileLaunch
     coarse_out: CoarseOutSpec | None = None
-
-    def coarse_in_args(self, problem: Problem) -> tuple:
-        """The int64 scalars of the ``wtconv_coarse_in`` launch, after its pointers."""
-        p, q, lay = problem, self.coarse, self.layout
-        K2, c = p.kernel_size ** 2, self.split
-        return _int64s(p.height, p.width, q.height, q.width, lay.plane,
-                       lay.wavelet_weight - lay.base_weight, q.levels * p.channels * 4 * K2,
-                       q.levels * p.channels * 4, c * p.channels * 4 * K2, c * p.channels * 4)
+    coarse_in_scalars: tuple = ()
 
 
 @lru_cache(maxsize=1024)
@@ -699,7 +695,11 @@ def plan_split(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
                             - layout.base_weight)
     grid = -(-items // COARSE_THREADS)
     out = CoarseOutSpec(p.storage) if backward else None
-    return SplitPlan(c, spec, grid, layout, coarse, fine, out)
+    C, K2 = p.channels, p.kernel_size ** 2
+    scalars = _int64s(p.height, p.width, coarse.height, coarse.width, layout.plane,
+                      layout.wavelet_weight - layout.base_weight, coarse.levels * C * 4 * K2,
+                      coarse.levels * C * 4, c * C * 4 * K2, c * C * 4)
+    return SplitPlan(c, spec, grid, layout, coarse, fine, out, scalars)
 
 
 def _small_plane_tiles(p: Problem, c: int, shared_limit: int, tuning: Tuning, backward: bool):
@@ -1104,7 +1104,7 @@ def _coarse_weights(backend, buf, lay: CoarseLayout, problem: Problem, levels: i
     else:  # gradients: weight, bias (never written), scale, levels
         bias = backend.view(buf, start + C * K2, C)
         scale = backend.view(buf, start + C * K2 + C, C)
-        ww = start + C * K2 + 2 * C
+        ww = lay.grad_levels
     return Weights(w0, bias, scale, backend.view(buf, ww, levels * C * 4 * K2),
                    backend.view(buf, ww + levels * C * 4 * K2, levels * C * 4))
 
@@ -1116,7 +1116,7 @@ def _run_coarse_in(backend, problem: Problem, split: SplitPlan, pooled: tuple,
     keep = backend.float32(split.layout.floats)
     backend.call(backend.kernel(split.coarse_in), split.grid, COARSE_THREADS,
                  (*pooled, weights.wavelet_weight, weights.wavelet_scale, pool, keep,
-                  *split.coarse_in_args(problem)), 0)
+                  *split.coarse_in_scalars), 0)
     return pool, keep
 
 
@@ -1159,10 +1159,9 @@ def _run_backward_split(backend, problem: Problem, x, dy, dx, weights: Weights,
     _run_finalize(backend, problem, partial, weights, grads, tiled.finalize_dims, tiled.ntaps)
     C, K2, c = problem.channels, problem.kernel_size ** 2, split.split
     nweight, nscale = q.levels * C * 4 * K2, q.levels * C * 4
-    start = lay.grads + C * K2 + 2 * C
     backend.call(backend.kernel(split.coarse_out), -(-(nweight + nscale) // COARSE_THREADS),
                  COARSE_THREADS,
-                 (backend.view(keep, start, nweight + nscale), grads.wavelet_weight,
+                 (backend.view(keep, lay.grad_levels, nweight + nscale), grads.wavelet_weight,
                   grads.wavelet_scale, *_int64s(nweight, nscale, c * C * 4 * K2, c * C * 4)), 0)
 
 
