@@ -33,6 +33,9 @@
 #              times the backward (~5 min cold)
 #   split      split passes (coarse pre-pass, then tiles): tile_bench.py forward and
 #              backward on the paper grid (L 3-5) and at two ConvNeXt-T stages (~8 min)
+#   registers  the register kernel (one thread per tiny plane): its GPU tests and
+#              the split tests (28x28 splits run their coarse pass on it), then
+#              benchmarks/register_bench.py $REG_ARGS against the plane kernel (~7 min cold)
 #   tileprofile  ncu occupancy, warp states, stall reasons and instruction counts of
 #              the tiled forward and backward at 8x128x512x512, L1 and L3 (~2 min)
 #
@@ -221,6 +224,21 @@ run_split() {
   return $rc
 }
 
+run_registers() {
+  echo "== register kernel: GPU tests (with the split tests), then register_bench.py"
+  local rc=0
+  WTCONV_TEST_GPU=1 WTCONV_TEST_KS=${TEST_KS} timeout 300 python3 -m pytest -q -x -n 8 \
+    -p no:cacheprovider -p no:benchmark -k "register or split" tests/gpu/test_gpu_kernels.py \
+    >"$OUT/register_tests.log" 2>&1 || rc=1
+  tail -n 5 "$OUT/register_tests.log"
+  # shellcheck disable=SC2086  # REG_ARGS is a list of options
+  timeout 240 python3 benchmarks/register_bench.py --configs 64x768x7x7:2 64x192x28x28:4 \
+    ${REG_ARGS:-} --json "$OUT/register_bench.json" >"$OUT/register_bench.log" 2>&1 || rc=1
+  grep -v "^RegisterSpec\|^TileSpec\|^PlaneSpec\|^CoarseSpec\|^FinalizeSpec" \
+    "$OUT/register_bench.log" | cut -c1-600 | tail -n 20
+  return $rc
+}
+
 run_wtconvnext() {
   echo "== WTConvNeXt-T end to end (benchmarks/wtconvnext.py): throughput, then the sanity run"
   timeout 420 python3 benchmarks/wtconvnext.py throughput --json "$OUT/wtconvnext_throughput.json" \
@@ -319,7 +337,7 @@ run_sanitizer() {
 
 for phase in "${phases[@]}"; do
   case "$phase" in
-    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|torchstep|stepprofile|tiles|tileprofile|split)
+    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|torchstep|stepprofile|tiles|tileprofile|split|registers)
       "run_$phase" || status=1 ;;
     *) echo "unknown phase: $phase"; status=2 ;;
   esac

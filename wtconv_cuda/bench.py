@@ -225,8 +225,9 @@ def precompile(configs, dtypes, jobs: int, timeout: float) -> str:
     planes = sorted({f"{c.height}x{c.width}" for c in list(configs) + [HOST_CONFIG]})
     storages = list(dict.fromkeys(list(dtypes) + ["float32"]))
     sizes = sorted({str(c.kernel_size) for c in list(configs) + [HOST_CONFIG]})
+    levels = sorted({str(c.levels) for c in list(configs) + [HOST_CONFIG]})
     cmd = [sys.executable, "-m", "wtconv_cuda.kernels.warmup", "--kernel-sizes", *sizes,
-           "--strides", "1", "--storage", *storages, "--planes", *planes,
+           "--strides", "1", "--storage", *storages, "--planes", *planes, "--levels", *levels,
            "--jobs", str(max(1, jobs))]
     env = dict(os.environ)
     package_root = str(Path(__file__).resolve().parents[1])

@@ -26,8 +26,8 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 
 from wtconv_cuda import reference  # noqa: E402
 from wtconv_cuda.kernels.launch import (  # noqa: E402
-    CupyBackend, Problem, Tuning, Weights, plan_plane, plan_split, plan_tiles, run_backward,
-    run_forward,
+    CupyBackend, Problem, Tuning, Weights, plan_plane, plan_registers, plan_split, plan_tiles,
+    run_backward, run_forward,
 )
 from wtconv_cuda.weights import WTConvWeights  # noqa: E402
 
@@ -123,6 +123,11 @@ def check_forward(shape, levels, k, storage, tuning, bias=True):
 
 
 def run_case(shape, levels, k, stride, storage, bias=True, seed=0, tuning=Tuning()):
+    """Forward and backward against the oracle. The forward runs on the plane kernel (or
+    tiles) unless ``tuning.registers`` says otherwise: the register kernel of tiny planes
+    has its own cases (``test_register_kernel_matches_oracle``)."""
+    if tuning.registers is None:
+        tuning = tuning._replace(registers=False)
     b, c, h, w = shape
     rng = np.random.default_rng(zlib.crc32(repr((shape, levels, k, stride, storage, seed)).encode()))
     _, tol = DTYPES[storage]
@@ -349,6 +354,37 @@ def test_planner_batch_chunk_at_convnext_stages(shape, levels):
     problem = Problem(*shape, 5, levels, 1, "float32", True)
     assert plan_plane(problem, True, kernels.shared_limit, kernels.max_slots).batch_chunk > 1
     run_case(shape, levels, 5, 1, "float32")
+
+
+#: The register kernel (one thread per plane): the ConvNeXt-T 7 x 7 stage's
+#: variant in every storage (several blocks, a ragged last one), odd and
+#: single-row planes, levels past a 1 x 1 grid, stride 2, no bias, and the
+#: 128-register cap that spills.
+REGISTER_CASES = [((64, 40, 7, 7), 2, 5, 1, s, True, Tuning()) for s in DTYPES]
+REGISTER_CASES += [((5, 7, 8, 8), 3, 3, 1, "float32", True, Tuning()),
+                   ((3, 5, 5, 6), 1, 7, 2, "float16", False, Tuning()),
+                   ((9, 11, 7, 7), 0, 5, 1, "bfloat16", True, Tuning()),
+                   ((2, 3, 1, 7), 4, 9, 1, "float32", True, Tuning()),
+                   ((33, 4, 7, 7), 2, 5, 1, "float32", True,
+                    Tuning(registers=True, max_registers=128))]
+REGISTER_CASES = [case for case in REGISTER_CASES if case[2] in KERNEL_SIZES]
+
+
+@pytest.mark.parametrize("shape,levels,k,stride,storage,bias,tuning", REGISTER_CASES)
+def test_register_kernel_matches_oracle(shape, levels, k, stride, storage, bias, tuning):
+    problem = Problem(*shape, k, levels, stride, storage, bias)
+    assert plan_registers(problem, tuning) is not None
+    b, c, h, w = shape
+    rng = np.random.default_rng(zlib.crc32(repr((shape, levels, k, stride, storage)).encode()))
+    x_dev, x, wts, wdev, dev = random_inputs(rng, shape, levels, k, storage, bias)
+    inputs_before = [a.copy() for a in (x_dev, *dev)]
+    y_dev = poisoned((b, c, -(-h // stride), -(-w // stride)), storage)
+    run_forward(backend(), problem, x_dev, y_dev, wdev, tuning)
+    y = to_host(y_dev, storage)
+    assert np.isfinite(y).all(), "forward left unwritten (NaN) outputs"
+    assert rel_err(y, reference.forward(x, wts, levels, stride)) < DTYPES[storage][1]
+    for before, after in zip(inputs_before, (x_dev, *dev)):
+        assert bool(cupy.array_equal(before, after))
 
 
 @pytest.mark.parametrize("shape", [(2, 3, 17, 23), (3, 5, 33, 31)])

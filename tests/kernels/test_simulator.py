@@ -29,7 +29,14 @@ DTYPES = {"float32": (np.float32, 2e-6), "float16": (np.float16, 2e-3)}
 
 def run_layer(rng, shape, levels, k, stride, storage="float32", bias=True,
               shared_limit=227 * 1024, tuning=Tuning()):
-    """Forward and backward in the simulator; returns errors against the oracle."""
+    """Forward and backward in the simulator; returns errors against the oracle.
+
+    The forward runs on the plane kernel (or the tiles) unless ``tuning.registers``
+    says otherwise: the register kernel of tiny planes has its own tests
+    (``test_registers.py``).
+    """
+    if tuning.registers is None:
+        tuning = tuning._replace(registers=False)
     dtype, _ = DTYPES[storage]
     b, c, h, w = shape
     x = rng.standard_normal(shape).astype(dtype)

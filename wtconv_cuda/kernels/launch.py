@@ -22,6 +22,7 @@ import numpy as np
 from . import compiler
 from .coarse import COARSE_THREADS, CoarseLayout, CoarseOutSpec, CoarseSpec, coarse_layout
 from .codegen import FinalizeSpec, PlaneSpec
+from .registers import MAX_PIXELS as REGISTER_MAX_PIXELS, RegisterSpec
 from .tiles import TileSpec, tile_geometry
 from .driver import driver_launch
 from .layout import HEADER_FIELDS, plane_layout, with_problem
@@ -139,6 +140,14 @@ class Tuning(NamedTuple):
         None lets the planner decide; ``c`` with ``1 <= c < L`` splits there
         whenever the tiles can run ``c`` levels (as with ``tiles`` True);
         any other value never splits.
+    registers : bool or None
+        Run a forward on the register kernel (:mod:`wtconv_cuda.kernels.registers`,
+        one thread per plane). None lets :func:`plan_registers` decide
+        (planes of at most `REGISTER_MAX_PIXELS` pixels, when no other
+        field of the plane kernel's launch shape is set); True takes it for
+        planes up to `REGISTER_FORCE_MAX_PIXELS`; False never. With it,
+        ``threads`` and ``max_registers`` set its block size and register cap
+        (defaults `REGISTER_THREADS`, `REGISTER_KERNEL_CAP`).
     """
 
     threads: int | None = None
@@ -151,6 +160,7 @@ class Tuning(NamedTuple):
     tiles: bool | None = None
     tile: int | None = None
     split: int | None = None
+    registers: bool | None = None
 
 
 #: Bytes per element of each storage dtype.
@@ -591,6 +601,77 @@ def plan_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
     return TileLaunch(spec, grid, threads, shared_bytes, tiles_x, ntiles, ntaps, dims)
 
 
+#: Threads per block of the register kernel (one plane each).
+REGISTER_THREADS = 128
+#: ``.maxnreg`` of the register kernel: a 7 x 7 plane's values (L 2, K 5)
+#: need about 160 registers without spills (ptxas; 128 spills ~210 B per
+#: thread); 168 still lets three 128-thread blocks share a multiprocessor.
+REGISTER_KERNEL_CAP = 168
+#: ``Tuning(registers=True)`` forces the register kernel up to this many pixels.
+REGISTER_FORCE_MAX_PIXELS = 256
+
+
+class RegisterLaunch(NamedTuple):
+    """A forward on the register kernel: one thread per plane.
+
+    Attributes
+    ----------
+    spec : RegisterSpec
+        The ``wtconv_registers`` variant.
+    grid, block : int
+        Blocks and threads per block (``ceil(B * C / block)`` blocks).
+    """
+
+    spec: RegisterSpec
+    grid: int
+    block: int
+
+
+_PLANE_SHAPE_FIELDS = ("threads", "strip", "planes_per_block", "warp_sync", "tiles", "tile",
+                       "split")
+
+
+@lru_cache(maxsize=1024)
+def plan_registers(problem: Problem, tuning: Tuning = Tuning()):
+    """The register kernel for a forward on tiny planes, or None.
+
+    By default (``tuning.registers`` None) a forward runs on
+    :mod:`wtconv_cuda.kernels.registers` when its plane has at most
+    `REGISTER_MAX_PIXELS` pixels and no field of the other kernels' launch
+    shapes (``threads``, ``strip``, ``planes_per_block``, ``warp_sync``,
+    ``tiles``, ``tile``, ``split``) is set; ``tuning.registers`` True takes
+    it up to `REGISTER_FORCE_MAX_PIXELS` pixels, False never.
+
+    Parameters
+    ----------
+    problem : Problem
+        The layer call (forward).
+    tuning : Tuning, optional
+        ``registers``, and ``threads`` and ``max_registers`` for the launch.
+
+    Returns
+    -------
+    RegisterLaunch or None
+        None where the forward runs on another kernel.
+    """
+    p = problem
+    pixels = p.height * p.width
+    if tuning.registers is False:
+        return None
+    if tuning.registers is None:
+        if pixels > REGISTER_MAX_PIXELS:
+            return None
+        if any(getattr(tuning, f) is not None for f in _PLANE_SHAPE_FIELDS):
+            return None
+    elif pixels > REGISTER_FORCE_MAX_PIXELS:
+        return None
+    threads = REGISTER_THREADS if tuning.registers is None or not tuning.threads else tuning.threads
+    cap = REGISTER_KERNEL_CAP if tuning.max_registers is None else tuning.max_registers
+    spec = RegisterSpec(p.kernel_size, p.storage, p.height, p.width, p.levels, p.stride,
+                        threads, cap)
+    return RegisterLaunch(spec, -(-p.batch * p.channels // threads), threads)
+
+
 class SplitPlan(NamedTuple):
     """A pass split at level ``split``: coarse pre-pass, then the tiles.
 
@@ -988,6 +1069,8 @@ def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots:
         then for the coarse problem's buffers (and, backward, then for the
         tiles' partials).
     """
+    if not backward and plan_registers(problem, tuning) is not None:
+        return ()
     split = plan_split(problem, shared_limit, tuning, backward)
     if split is not None:
         sizes = (split.layout.pooled_floats, split.layout.floats) + work_buffers(
@@ -1025,6 +1108,9 @@ def planned_specs(problem: Problem, backward: bool, shared_limit: int, max_slots
         (planned with the default tuning), then the tiles (backward: then
         the finalize and ``wtconv_coarse_out``).
     """
+    registers = None if backward else plan_registers(problem, tuning)
+    if registers is not None:
+        return [registers.spec]
     finalize = FinalizeSpec(problem.kernel_size, problem.storage, FINALIZE_THREADS)
     split = plan_split(problem, shared_limit, tuning, backward)
     if split is not None:
@@ -1047,7 +1133,8 @@ def run_forward(backend, problem: Problem, x, y, weights: Weights,
                 tuning: Tuning = Tuning()) -> None:
     """Launch the fused forward: ``y = WTConv(x)``.
 
-    One launch: the tiled kernel where :func:`plan_tiles` takes the problem,
+    One launch: the register kernel where :func:`plan_registers` takes the
+    problem (tiny planes), the tiled kernel where :func:`plan_tiles` does,
     else the plane kernel. Where :func:`plan_split` splits it, three or more:
     ``wtconv_coarse_in``, the coarse levels' forward (itself planned by these
     rules), then the tiles.
@@ -1074,6 +1161,11 @@ def run_forward(backend, problem: Problem, x, y, weights: Weights,
     RuntimeError
         `SimulatorBackend` without ``NUMBA_ENABLE_CUDASIM=1``.
     """
+    registers = plan_registers(problem, tuning)
+    if registers is not None:
+        args = (x, y, *weights, *_int64s(problem.batch, problem.channels, int(problem.has_bias)))
+        backend.call(backend.kernel(registers.spec), registers.grid, registers.block, args, 0)
+        return
     split = plan_split(problem, backend.shared_limit, tuning)
     if split is not None:
         _run_forward_split(backend, problem, x, y, weights, split)

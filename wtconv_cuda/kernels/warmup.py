@@ -21,9 +21,10 @@ from concurrent.futures import ProcessPoolExecutor
 
 from .codegen import STORAGE, FinalizeSpec, PlaneSpec
 from .launch import (
-    FINALIZE_THREADS, SPLIT_MIN_PIXELS, Problem, Tuning, plan_plane, plan_split, plan_tiles,
-    planned_specs,
+    FINALIZE_THREADS, SPLIT_MIN_PIXELS, Problem, Tuning, plan_plane, plan_registers, plan_split,
+    plan_tiles, planned_specs,
 )
+from .registers import RegisterSpec
 
 DEFAULT_SHARED_LIMIT = 227 * 1024 - 1024  # H100/H200 opt-in limit, less a margin
 DEFAULT_SLOTS = 264
@@ -74,6 +75,9 @@ def variants(kernel_sizes, storages, strides, plane_sizes, levels=range(7),
         problem = Problem(1, 1, h, w, k, lv, stride, storage, True)
         # a problem large enough for the planner's size rules (SPLIT_MIN_PIXELS)
         large = problem._replace(batch=-(-SPLIT_MIN_PIXELS // (h * w)))
+        registers = plan_registers(problem, tuning)
+        if registers is not None:  # tiny planes: the forward's register kernel
+            specs.append(registers.spec)
         for backward in (False, True):
             tiled = plan_tiles(problem, shared_limit, tuning, backward)
             if tiled is not None:  # large planes: the tiles (the plane kernel stays warm too)
@@ -133,8 +137,12 @@ def compile_all(specs, cc, jobs: int) -> list:
     work = [(spec, cc) for spec in specs]
     if jobs <= 1:
         return [_compile_one(job) for job in work]
+    # The register kernels (straight-line code for a whole plane) take numba the
+    # longest: start them first.
+    order = sorted(range(len(work)), key=lambda i: not isinstance(work[i][0], RegisterSpec))
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(_compile_one, work))
+        done = dict(zip(order, pool.map(_compile_one, [work[i] for i in order])))
+    return [done[i] for i in range(len(work))]
 
 
 def run_compile_subprocess(cmd, timeout: float, env=None) -> str:
@@ -229,6 +237,8 @@ def main(argv=None) -> int:
     parser.add_argument("--strides", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--planes", nargs="+", default=["56x56", "28x28", "14x14", "7x7"],
                         help="plane sizes HxW to plan for")
+    parser.add_argument("--levels", type=int, nargs="+", default=list(range(7)),
+                        help="wavelet levels to plan for (default 0 to 6)")
     parser.add_argument("--jobs", type=int, default=4)
     parser.add_argument("--cc", default=None, help="target as MAJOR.MINOR (default: the GPU's, else 9.0)")
     parser.add_argument("--report", default=None, help="write a JSON resource report (needs a GPU)")
@@ -251,7 +261,8 @@ def main(argv=None) -> int:
     planes = [tuple(int(v) for v in p.split("x")) for p in args.planes]
     tunings = [Tuning()] + [Tuning(threads=t, strip=q or None)
                             for t in args.threads for q in args.strips]
-    specs = variants(args.kernel_sizes, args.storage, args.strides, planes, tunings=tunings)
+    specs = variants(args.kernel_sizes, args.storage, args.strides, planes, args.levels,
+                     tunings=tunings)
     start = time.perf_counter()
     timings = compile_all(specs, cc, args.jobs)
     slowest = max(t for _, t in timings)

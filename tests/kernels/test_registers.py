@@ -1,0 +1,128 @@
+"""The register kernel (one thread per tiny plane) in numba's CUDA simulator.
+
+Forward only, against the float64 oracle on odd and tiny planes, every level
+count up to past a 1 x 1 grid, strides 1 to 3, float32 and float16, with and
+without bias; outputs are poisoned with NaN before each launch. The planner's
+rules for when the forward takes this kernel are checked on the CPU.
+"""
+
+import os
+import re
+
+import numpy as np
+import pytest
+
+from wtconv_cuda import reference
+from wtconv_cuda.kernels.launch import (
+    REGISTER_FORCE_MAX_PIXELS, REGISTER_MAX_PIXELS, REGISTER_THREADS, Problem, RegisterSpec,
+    Tuning, Weights, plan_registers, planned_specs, run_forward, work_buffers,
+)
+from wtconv_cuda.kernels.registers import grids, register_kernel_source
+
+from ..conftest import random_weights
+from ._backends import RecordingBackend
+
+simulator = pytest.mark.skipif(os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
+                               reason="needs numba's CUDA simulator")
+
+TOLERANCE = {"float32": 2e-6, "float16": 2e-3}
+
+
+def forward_error(rng, shape, levels, k, stride, storage="float32", bias=True,
+                  tuning=Tuning(registers=True, threads=32)):
+    """Run the forward through the planner; returns the relative error against the oracle."""
+    dtype = np.dtype(storage)
+    b, c, h, w = shape
+    x = rng.standard_normal(shape).astype(dtype)
+    wts = random_weights(rng, c, k, levels, bias=bias, dtype=dtype)
+    weights = Weights(wts.base_weight, wts.base_bias if bias else wts.base_scale,
+                      wts.base_scale, wts.wavelet_weight, wts.wavelet_scale)
+    problem = Problem(b, c, h, w, k, levels, stride, storage, bias)
+    assert plan_registers(problem, tuning) is not None
+    backend = RecordingBackend()
+    y = np.full((b, c, -(-h // stride), -(-w // stride)), np.nan, dtype)
+    x_before = x.copy()
+    run_forward(backend, problem, x, y, weights, tuning)
+    assert [type(spec) for spec in backend.kernels] == [RegisterSpec]
+    np.testing.assert_array_equal(x, x_before)
+    assert np.isfinite(y).all(), "unwritten (NaN) outputs"
+    want = reference.forward(x, wts, levels, stride)
+    return np.linalg.norm(y.astype(np.float64) - want) / np.linalg.norm(want)
+
+
+@simulator
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("levels", [0, 1, 2, 3])
+def test_float32_matches_oracle(rng, levels, k, stride):
+    # 35 planes: two blocks of 32 threads, the second one mostly past the end
+    assert forward_error(rng, (7, 5, 7, 7), levels, k, stride) < TOLERANCE["float32"]
+
+
+@simulator
+@pytest.mark.parametrize("shape,levels,k,stride", [
+    ((2, 3, 5, 6), 2, 3, 1),   # even width, odd height
+    ((1, 2, 1, 7), 2, 5, 1),   # a single row: level grids 1 x 4, 1 x 2
+    ((2, 1, 3, 2), 4, 3, 1),   # levels past a 1 x 1 grid
+    ((1, 2, 9, 9), 3, 7, 3),   # stride 3, a taps window wider than the coarse grids
+])
+def test_odd_planes_match_oracle(rng, shape, levels, k, stride):
+    assert forward_error(rng, shape, levels, k, stride) < TOLERANCE["float32"]
+
+
+@simulator
+def test_float16_without_bias(rng):
+    err = forward_error(rng, (3, 2, 6, 7), 2, 5, 1, "float16", bias=False)
+    assert err < TOLERANCE["float16"]
+
+
+@simulator
+def test_default_planner_takes_it_for_tiny_planes(rng):
+    """The default tuning runs a 7 x 7 forward on the register kernel."""
+    assert forward_error(rng, (2, 3, 7, 7), 2, 5, 1, tuning=Tuning()) < TOLERANCE["float32"]
+
+
+def test_planner_rules():
+    small = Problem(64, 768, 7, 7, 5, 2, 1, "float32", True)
+    launch = plan_registers(small)
+    assert launch.spec == RegisterSpec(5, "float32", 7, 7, 2, 1, REGISTER_THREADS, 168)
+    assert launch.grid == 64 * 768 // REGISTER_THREADS
+    assert planned_specs(small, False, 227 * 1024, 264) == [launch.spec]
+    assert work_buffers(small, False, 227 * 1024, 264) == ()
+    # the backward keeps the plane kernel
+    assert not any(isinstance(s, RegisterSpec) for s in planned_specs(small, True, 227 * 1024, 264))
+    side = int(REGISTER_MAX_PIXELS ** 0.5)
+    assert plan_registers(small._replace(height=side, width=side)) is not None
+    assert plan_registers(small._replace(height=side + 1, width=side)) is None
+    # any launch-shape field of the other kernels selects them
+    for tuning in (Tuning(threads=16), Tuning(planes_per_block=2), Tuning(tiles=False),
+                   Tuning(registers=False)):
+        assert plan_registers(small, tuning) is None
+    big = small._replace(height=16, width=16)
+    assert plan_registers(big) is None
+    assert plan_registers(big, Tuning(registers=True)).spec.height == 16
+    assert plan_registers(small._replace(height=REGISTER_FORCE_MAX_PIXELS + 1, width=1),
+                          Tuning(registers=True)) is None
+    forced = plan_registers(small, Tuning(registers=True, threads=64, max_registers=255))
+    assert (forced.block, forced.spec.max_registers, forced.grid) == (64, 255, 768)
+
+
+def test_grids_halve_rounding_up():
+    assert grids(7, 7, 3) == [(7, 7), (4, 4), (2, 2), (1, 1)]
+    assert grids(1, 5, 2) == [(1, 5), (1, 3), (1, 2)]
+
+
+def test_generated_code_skips_padding():
+    """At 7 x 7, K = 5 level 2 is a 2 x 2 grid: each of its 4 coefficients sees 4 of
+    the 25 taps, so the subband needs 16 products, not 100."""
+    source = register_kernel_source(RegisterSpec(5, "float32", 7, 7, 2))
+    products = re.findall(r"^ *z2_1_\d_\d_\d_\d = f_z2_1_", source, re.MULTILINE)
+    assert len(products) == 16
+    # level 1 (4 x 4): 14 x 14 of the 5 x 5 x 4 x 4 products per subband
+    assert len(re.findall(r"^ *z1_3_\d_\d_\d_\d = ", source, re.MULTILINE)) == 196
+    assert "S[" not in source and "syncthreads" not in source
+    for bad in (RegisterSpec(4, "float32", 7, 7, 1), RegisterSpec(3, "int8", 7, 7, 1),
+                RegisterSpec(3, "float32", 0, 7, 1), RegisterSpec(3, "float32", 7, 7, 1,
+                                                                   threads=48)):
+        with pytest.raises(ValueError):
+            register_kernel_source(bad)
