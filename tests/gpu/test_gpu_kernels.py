@@ -373,7 +373,7 @@ REGISTER_CASES = [case for case in REGISTER_CASES if case[2] in KERNEL_SIZES]
 @pytest.mark.parametrize("shape,levels,k,stride,storage,bias,tuning", REGISTER_CASES)
 def test_register_kernel_matches_oracle(shape, levels, k, stride, storage, bias, tuning):
     problem = Problem(*shape, k, levels, stride, storage, bias)
-    assert plan_registers(problem, tuning) is not None
+    assert plan_registers(problem, backend().shared_limit, tuning) is not None
     b, c, h, w = shape
     rng = np.random.default_rng(zlib.crc32(repr((shape, levels, k, stride, storage)).encode()))
     x_dev, x, wts, wdev, dev = random_inputs(rng, shape, levels, k, storage, bias)

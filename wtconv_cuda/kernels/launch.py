@@ -23,6 +23,7 @@ from . import compiler
 from .coarse import COARSE_THREADS, CoarseLayout, CoarseOutSpec, CoarseSpec, coarse_layout
 from .codegen import FinalizeSpec, PlaneSpec
 from .registers import MAX_PIXELS as REGISTER_MAX_PIXELS, RegisterSpec
+from .registers import shared_bytes as register_shared_bytes
 from .tiles import TileSpec, tile_geometry
 from .driver import driver_launch
 from .layout import HEADER_FIELDS, plane_layout, with_problem
@@ -620,11 +621,14 @@ class RegisterLaunch(NamedTuple):
         The ``wtconv_registers`` variant.
     grid, block : int
         Blocks and threads per block (``ceil(B * C / block)`` blocks).
+    shared_bytes : int
+        Dynamic shared memory per block (the block's planes, in and out).
     """
 
     spec: RegisterSpec
     grid: int
     block: int
+    shared_bytes: int
 
 
 _PLANE_SHAPE_FIELDS = ("threads", "strip", "planes_per_block", "warp_sync", "tiles", "tile",
@@ -632,7 +636,7 @@ _PLANE_SHAPE_FIELDS = ("threads", "strip", "planes_per_block", "warp_sync", "til
 
 
 @lru_cache(maxsize=1024)
-def plan_registers(problem: Problem, tuning: Tuning = Tuning()):
+def plan_registers(problem: Problem, shared_limit: int, tuning: Tuning = Tuning()):
     """The register kernel for a forward on tiny planes, or None.
 
     By default (``tuning.registers`` None) a forward runs on
@@ -640,12 +644,15 @@ def plan_registers(problem: Problem, tuning: Tuning = Tuning()):
     `REGISTER_MAX_PIXELS` pixels and no field of the other kernels' launch
     shapes (``threads``, ``strip``, ``planes_per_block``, ``warp_sync``,
     ``tiles``, ``tile``, ``split``) is set; ``tuning.registers`` True takes
-    it up to `REGISTER_FORCE_MAX_PIXELS` pixels, False never.
+    it up to `REGISTER_FORCE_MAX_PIXELS` pixels, False never. Either way the
+    block's planes must fit in ``shared_limit``.
 
     Parameters
     ----------
     problem : Problem
         The layer call (forward).
+    shared_limit : int
+        Bytes of dynamic shared memory a block may use.
     tuning : Tuning, optional
         ``registers``, and ``threads`` and ``max_registers`` for the launch.
 
@@ -669,7 +676,10 @@ def plan_registers(problem: Problem, tuning: Tuning = Tuning()):
     cap = REGISTER_KERNEL_CAP if tuning.max_registers is None else tuning.max_registers
     spec = RegisterSpec(p.kernel_size, p.storage, p.height, p.width, p.levels, p.stride,
                         threads, cap)
-    return RegisterLaunch(spec, -(-p.batch * p.channels // threads), threads)
+    shared = register_shared_bytes(spec)
+    if shared > shared_limit:
+        return None
+    return RegisterLaunch(spec, -(-p.batch * p.channels // threads), threads, shared)
 
 
 class SplitPlan(NamedTuple):
@@ -1069,7 +1079,7 @@ def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots:
         then for the coarse problem's buffers (and, backward, then for the
         tiles' partials).
     """
-    if not backward and plan_registers(problem, tuning) is not None:
+    if not backward and plan_registers(problem, shared_limit, tuning) is not None:
         return ()
     split = plan_split(problem, shared_limit, tuning, backward)
     if split is not None:
@@ -1108,7 +1118,7 @@ def planned_specs(problem: Problem, backward: bool, shared_limit: int, max_slots
         (planned with the default tuning), then the tiles (backward: then
         the finalize and ``wtconv_coarse_out``).
     """
-    registers = None if backward else plan_registers(problem, tuning)
+    registers = None if backward else plan_registers(problem, shared_limit, tuning)
     if registers is not None:
         return [registers.spec]
     finalize = FinalizeSpec(problem.kernel_size, problem.storage, FINALIZE_THREADS)
@@ -1161,10 +1171,11 @@ def run_forward(backend, problem: Problem, x, y, weights: Weights,
     RuntimeError
         `SimulatorBackend` without ``NUMBA_ENABLE_CUDASIM=1``.
     """
-    registers = plan_registers(problem, tuning)
+    registers = plan_registers(problem, backend.shared_limit, tuning)
     if registers is not None:
         args = (x, y, *weights, *_int64s(problem.batch, problem.channels, int(problem.has_bias)))
-        backend.call(backend.kernel(registers.spec), registers.grid, registers.block, args, 0)
+        backend.call(backend.kernel(registers.spec), registers.grid, registers.block, args,
+                     registers.shared_bytes)
         return
     split = plan_split(problem, backend.shared_limit, tuning)
     if split is not None:

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .codegen import STORAGE, _Emitter, _load, _store
+from .codegen import STORAGE, _DivmodLoop, _Emitter, _load, _store
 
 #: Largest plane (``H * W``) the planner gives this kernel: a 7 x 7 or 8 x 8
 #: plane's live values fit in 128 registers (see tests/kernels/test_ptxas.py).
@@ -189,17 +189,26 @@ def register_kernel_source(spec: RegisterSpec) -> str:
     sizes = grids(H, W, L)
     ld = lambda expr: _load(st, expr)  # noqa: E731
 
+    T, PX, PY = spec.threads, plane_pitch(H * W), plane_pitch(Ho * Wo)
     e = _Emitter()
     e("def wtconv_registers(x, y, w0, b0, s0, ww, ws, B, C, has_bias):")
     with e.indent():
-        e(f"q = int64(cuda.blockIdx.x) * {spec.threads} + int64(cuda.threadIdx.x)",
-          "if q >= B * C:",
-          "    return",
-          "# channel-major: a warp's lanes are consecutive batch entries of one channel",
+        e("S = cuda.shared.array(0, dtype=float32)",
+          f"A = cuda.shared.array({T}, dtype=int32)",
+          "t = int64(cuda.threadIdx.x)",
+          f"q0 = int64(cuda.blockIdx.x) * {T}",
+          "nplanes = B * C",
+          f"nvalid = min({T}, nplanes - q0)",
+          "# channel-major: a warp's lanes are consecutive batch entries of one channel;",
+          "# a thread past the last plane recomputes it and stores nothing",
+          "q = min(q0 + t, nplanes - 1)",
           "c = q // B",
-          "plane = (q - c * B) * C + c",
-          f"xb = plane * {H * W}",
-          f"yb = plane * {Ho * Wo}")
+          "A[t] = int32((q - c * B) * C + c)",
+          "cuda.syncthreads()")
+        _emit_staging(e, "load", st, T, H * W, PX, 0)
+        e("cuda.syncthreads()",
+          f"xs = t * {PX}",
+          f"ys = {T * PX} + t * {PY}")
 
         # 1. the plane and its raw Haar pyramid, two rows at a time
         level = _Values(sizes[0])
@@ -207,7 +216,7 @@ def register_kernel_source(spec: RegisterSpec) -> str:
         for r in range(H):
             for col in range(W):
                 name = f"x{r}_{col}"
-                e(f"{name} = {ld(f'x[xb + {r * W + col}]')}")
+                e(f"{name} = S[xs + {r * W + col}]")
                 level.names[(r, col)] = name
             if r % 2 == 0 and r < H - 1:
                 continue
@@ -263,8 +272,8 @@ def register_kernel_source(spec: RegisterSpec) -> str:
                 i = r + d - P
                 if not 0 <= i < H:
                     continue
-                for col in range(W):  # input row i, reloaded (from L1) for each output row
-                    e(f"xr{r}_{i}_{col} = {ld(f'x[xb + {i * W + col}]')}")
+                for col in range(W):  # input row i, reloaded for each output row
+                    e(f"xr{r}_{i}_{col} = S[xs + {i * W + col}]")
                 for col in cols:
                     for dx in range(K):
                         jx = col + dx - P
@@ -277,8 +286,9 @@ def register_kernel_source(spec: RegisterSpec) -> str:
                 if finer is not None and finer.get(r, col) is not None:
                     e(f"out{r}_{col} = {value} + {finer.get(r, col)}")
                     value = f"out{r}_{col}"
-                _store_rounded(e, st, f"y[yb + {(r // S) * Wo + col // S}]", value,
-                               f"{r}_{col}")
+                e(f"S[ys + {(r // S) * Wo + col // S}] = {value}")
+        e("cuda.syncthreads()")
+        _emit_staging(e, "store", st, T, Ho * Wo, PY, T * PX)
     return e.text()
 
 
@@ -326,3 +336,48 @@ def _store_rounded(e: _Emitter, storage: str, target: str, value: str, tag: str)
       f"near_{tag} = (bits_{tag} + 0x7FFF + ((bits_{tag} >> 16) & 1)) >> 16",
       f"nan_{tag} = int64({value} != {value})",
       f"{target} = uint16((near_{tag} + (0x7FC0 - near_{tag}) * nan_{tag}) & 0xFFFF)")
+
+
+def plane_pitch(pixels: int) -> int:
+    """Floats between two threads' planes in shared memory: ``pixels`` made odd.
+
+    Thread ``t`` reads word ``t * pitch + k``; an odd pitch puts the 32 lanes
+    of a warp on 32 different banks.
+    """
+    return pixels | 1
+
+
+def shared_bytes(spec: RegisterSpec) -> int:
+    """Dynamic shared memory of a ``wtconv_registers`` block, in bytes.
+
+    Every thread's input plane and output plane, as float32, at
+    :func:`plane_pitch` (the int32 table of plane indices is static).
+    """
+    Ho, Wo = -(-spec.height // spec.stride), -(-spec.width // spec.stride)
+    return 4 * spec.threads * (plane_pitch(spec.height * spec.width) + plane_pitch(Ho * Wo))
+
+
+def _emit_staging(e: _Emitter, direction: str, storage: str, threads: int, pixels: int,
+                  pitch: int, base: int) -> None:
+    """Copy the block's planes between global memory and the shared buffer, coalesced.
+
+    The block's ``nvalid`` planes of ``pixels`` elements are taken as one list
+    of elements; thread ``t`` moves elements ``t, t + threads, ...``, so a
+    warp touches one or two planes per instruction (each plane is contiguous
+    in memory) where a thread reading its own plane would touch 32. Element
+    ``i`` is pixel ``i % pixels`` of the block's plane ``i // pixels``, which
+    is plane ``A[i // pixels]`` of the array; quotient and remainder are
+    stepped, not divided. ``direction`` "load" converts ``x`` into float32
+    words of the buffer (from word ``base``, planes ``pitch`` apart), "store"
+    rounds them into ``y``.
+    """
+    tag = direction
+    e(f"n_{tag} = int64({pixels})")
+    with _DivmodLoop(e, f"i_{tag}", "t", f"nvalid * {pixels}", threads, f"n_{tag}", f"pl_{tag}",
+                     f"px_{tag}"):
+        e(f"g_{tag} = int64(A[pl_{tag}]) * {pixels} + px_{tag}")
+        word = f"S[{base} + pl_{tag} * {pitch} + px_{tag}]"
+        if direction == "load":
+            e(f"{word} = {_load(storage, f'x[g_{tag}]')}")
+        else:
+            _store_rounded(e, storage, f"y[g_{tag}]", word, tag)

@@ -75,7 +75,7 @@ def variants(kernel_sizes, storages, strides, plane_sizes, levels=range(7),
         problem = Problem(1, 1, h, w, k, lv, stride, storage, True)
         # a problem large enough for the planner's size rules (SPLIT_MIN_PIXELS)
         large = problem._replace(batch=-(-SPLIT_MIN_PIXELS // (h * w)))
-        registers = plan_registers(problem, tuning)
+        registers = plan_registers(problem, shared_limit, tuning)
         if registers is not None:  # tiny planes: the forward's register kernel
             specs.append(registers.spec)
         for backward in (False, True):
