@@ -222,12 +222,11 @@ def precompile(configs, dtypes, jobs: int, timeout: float) -> str:
     """
     from ._bench.measure import HOST_CONFIG
 
-    planes = sorted({f"{c.height}x{c.width}" for c in list(configs) + [HOST_CONFIG]})
+    pairs = sorted({f"{c.height}x{c.width}:{c.levels}" for c in list(configs) + [HOST_CONFIG]})
     storages = list(dict.fromkeys(list(dtypes) + ["float32"]))
     sizes = sorted({str(c.kernel_size) for c in list(configs) + [HOST_CONFIG]})
-    levels = sorted({str(c.levels) for c in list(configs) + [HOST_CONFIG]})
     cmd = [sys.executable, "-m", "wtconv_cuda.kernels.warmup", "--kernel-sizes", *sizes,
-           "--strides", "1", "--storage", *storages, "--planes", *planes, "--levels", *levels,
+           "--strides", "1", "--storage", *storages, "--configs", *pairs,
            "--jobs", str(max(1, jobs))]
     env = dict(os.environ)
     package_root = str(Path(__file__).resolve().parents[1])

@@ -239,6 +239,9 @@ def main(argv=None) -> int:
                         help="plane sizes HxW to plan for")
     parser.add_argument("--levels", type=int, nargs="+", default=list(range(7)),
                         help="wavelet levels to plan for (default 0 to 6)")
+    parser.add_argument("--configs", nargs="+", default=[],
+                        help="plane sizes with their levels, HxW:L (instead of every "
+                             "combination of --planes and --levels)")
     parser.add_argument("--jobs", type=int, default=4)
     parser.add_argument("--cc", default=None, help="target as MAJOR.MINOR (default: the GPU's, else 9.0)")
     parser.add_argument("--report", default=None, help="write a JSON resource report (needs a GPU)")
@@ -261,8 +264,16 @@ def main(argv=None) -> int:
     planes = [tuple(int(v) for v in p.split("x")) for p in args.planes]
     tunings = [Tuning()] + [Tuning(threads=t, strip=q or None)
                             for t in args.threads for q in args.strips]
-    specs = variants(args.kernel_sizes, args.storage, args.strides, planes, args.levels,
-                     tunings=tunings)
+    if args.configs:
+        pairs = [(tuple(int(v) for v in c.split(":")[0].split("x")), int(c.split(":")[1]))
+                 for c in args.configs]
+        specs = list(dict.fromkeys(
+            spec for plane, lv in pairs
+            for spec in variants(args.kernel_sizes, args.storage, args.strides, [plane], [lv],
+                                 tunings=tunings)))
+    else:
+        specs = variants(args.kernel_sizes, args.storage, args.strides, planes, args.levels,
+                         tunings=tunings)
     start = time.perf_counter()
     timings = compile_all(specs, cc, args.jobs)
     slowest = max(t for _, t in timings)
