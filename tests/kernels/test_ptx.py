@@ -53,10 +53,11 @@ SPECS = textwrap.dedent("""
               for storage in ("float32", "bfloat16") for scratch in (False, True)
               for (threads, group, sync) in ((16, 16, True), (128, 1, False))]
     # The register kernel: the ConvNeXt-T 7 x 7 stage's default (no spills at its cap),
-    # bfloat16 at stride 2 on an odd plane, float16 without levels.
+    # bfloat16 at stride 2 on an odd plane, float16 without levels; a small backward.
     from wtconv_cuda.kernels.registers import RegisterSpec
     specs += [RegisterSpec(5, "float32", 7, 7, 2, max_registers=168),
-              RegisterSpec(3, "bfloat16", 5, 6, 3, 2), RegisterSpec(1, "float16", 3, 1, 0)]
+              RegisterSpec(3, "bfloat16", 5, 6, 3, 2), RegisterSpec(1, "float16", 3, 1, 0),
+              RegisterSpec(3, "bfloat16", 3, 4, 1, 2, 64, 255, backward=True)]
     # The tiles of a ConvNeXt-T 28 x 28 split: 32-pixel tiles of 64 threads.
     specs += [TileSpec(5, "float32", 2, 32, 64, 4, 128, coarse=True)]
 """)

@@ -1,9 +1,9 @@
 """The register kernel (one thread per tiny plane) in numba's CUDA simulator.
 
-Forward only, against the float64 oracle on odd and tiny planes, every level
-count up to past a 1 x 1 grid, strides 1 to 3, float32 and float16, with and
+Forward and backward against the float64 oracle on odd and tiny planes, level
+counts up to past a 1 x 1 grid, strides 1 to 3, float32 and float16, with and
 without bias; outputs are poisoned with NaN before each launch. The planner's
-rules for when the forward takes this kernel are checked on the CPU.
+rules for when a pass takes this kernel are checked on the CPU.
 """
 
 import os
@@ -15,7 +15,7 @@ import pytest
 from wtconv_cuda import reference
 from wtconv_cuda.kernels.launch import (
     REGISTER_FORCE_MAX_PIXELS, REGISTER_MAX_PIXELS, REGISTER_THREADS, Problem, RegisterSpec,
-    Tuning, Weights, plan_registers, planned_specs, run_forward, work_buffers,
+    Tuning, Weights, plan_registers, planned_specs, run_backward, run_forward, work_buffers,
 )
 from wtconv_cuda.kernels.registers import grids, register_kernel_source
 
@@ -93,8 +93,6 @@ def test_planner_rules():
     assert launch.shared_bytes == 4 * REGISTER_THREADS * (49 + 49)
     assert planned_specs(small, False, LIMIT, 264) == [launch.spec]
     assert work_buffers(small, False, LIMIT, 264) == ()
-    # the backward keeps the plane kernel
-    assert not any(isinstance(s, RegisterSpec) for s in planned_specs(small, True, LIMIT, 264))
     side = int(REGISTER_MAX_PIXELS ** 0.5)
     assert plan_registers(small._replace(height=side, width=side), LIMIT) is not None
     assert plan_registers(small._replace(height=side + 1, width=side), LIMIT) is None
@@ -133,3 +131,74 @@ def test_generated_code_skips_padding():
                                                                    threads=48)):
         with pytest.raises(ValueError):
             register_kernel_source(bad)
+
+
+def backward_errors(rng, shape, levels, k, stride, storage="float32", bias=True,
+                    tuning=Tuning(registers=True)):
+    """The backward through the planner: relative errors of ``dx`` and every gradient."""
+    dtype = np.dtype(storage)
+    b, c, h, w = shape
+    x = rng.standard_normal(shape).astype(dtype)
+    wts = random_weights(rng, c, k, levels, bias=bias, dtype=dtype)
+    weights = Weights(wts.base_weight, wts.base_bias if bias else wts.base_scale,
+                      wts.base_scale, wts.wavelet_weight, wts.wavelet_scale)
+    problem = Problem(b, c, h, w, k, levels, stride, storage, bias)
+    assert plan_registers(problem, LIMIT, tuning, True) is not None
+    dy = rng.standard_normal((b, c, -(-h // stride), -(-w // stride))).astype(dtype)
+    dx = np.full(shape, np.nan, dtype)
+    grads = Weights(*(np.full(a.shape, np.nan, dtype) for a in weights))
+    backend = RecordingBackend()
+    x_before, dy_before = x.copy(), dy.copy()
+    run_backward(backend, problem, x, dy, dx, weights, grads, tuning)
+    assert [type(spec) for spec in backend.kernels] == [RegisterSpec]
+    assert backend.requests == []  # no partials: the block writes the gradients
+    np.testing.assert_array_equal(x, x_before)
+    np.testing.assert_array_equal(dy, dy_before)
+    dx_ref, dw_ref = reference.backward(x, wts, dy, levels, stride)
+    pairs = {"dx": (dx, dx_ref), "base_weight": (grads.base_weight, dw_ref.base_weight),
+             "base_scale": (grads.base_scale, dw_ref.base_scale)}
+    if bias:
+        pairs["base_bias"] = (grads.base_bias, dw_ref.base_bias)
+    if levels:
+        pairs["wavelet_weight"] = (grads.wavelet_weight, dw_ref.wavelet_weight)
+        pairs["wavelet_scale"] = (grads.wavelet_scale, dw_ref.wavelet_scale)
+    errors = {}
+    for name, (got, want) in pairs.items():
+        got = got.astype(np.float64)
+        assert np.isfinite(got).all(), f"{name}: unwritten (NaN) elements"
+        errors[name] = np.linalg.norm(got - want) / np.linalg.norm(want)
+    return errors
+
+
+@simulator
+@pytest.mark.parametrize("shape,levels,k,stride,tuning", [
+    ((32, 3, 7, 7), 2, 5, 1, Tuning(registers=True)),        # 4 channels' runs, 1 block
+    ((32, 5, 5, 6), 1, 3, 2, Tuning(registers=True, threads=64)),  # 3 blocks, the last half
+    ((64, 2, 3, 2), 3, 3, 1, Tuning()),                       # the default; past a 1 x 1 grid
+])
+def test_backward_matches_oracle(rng, shape, levels, k, stride, tuning):
+    errors = backward_errors(rng, shape, levels, k, stride, tuning=tuning)
+    bad = {n: e for n, e in errors.items() if not e < TOLERANCE["float32"]}
+    assert not bad, bad
+
+
+@simulator
+def test_backward_float16_without_bias(rng):
+    errors = backward_errors(rng, (32, 2, 4, 5), 2, 3, 1, "float16", bias=False)
+    bad = {n: e for n, e in errors.items() if not e < TOLERANCE["float16"]}
+    assert not bad, bad
+
+
+def test_backward_planner_rules():
+    p = Problem(64, 768, 7, 7, 5, 2, 1, "float32", True)
+    launch = plan_registers(p, LIMIT, Tuning(), True)
+    assert (launch.block, launch.spec.backward, launch.grid) == (128, True, 64 * 768 // 128)
+    # the batch is a run-time value: B = 32 and 128 share the variant
+    assert plan_registers(p._replace(batch=32), LIMIT, Tuning(), True).spec == launch.spec
+    assert planned_specs(p, True, LIMIT, 264) == [launch.spec]
+    assert work_buffers(p, True, LIMIT, 264) == ()
+    assert plan_registers(p._replace(batch=192), LIMIT, Tuning(), True).block == 192
+    for batch in (1, 48, 288):  # not a multiple of 32, or a channel too large for a block
+        assert plan_registers(p._replace(batch=batch), LIMIT, Tuning(), True) is None
+    assert plan_registers(p, LIMIT, Tuning(registers=True, threads=96), True) is None
+    assert plan_registers(p, LIMIT, Tuning(registers=False), True) is None

@@ -207,29 +207,33 @@ def coarse_out_signature(storage: str) -> tuple:
     return (types.CPointer(types.float32), st, st) + (types.int64,) * 4
 
 
-def register_signature(storage: str) -> tuple:
+def register_signature(storage: str, backward: bool = False) -> tuple:
     """Argument types of ``wtconv_registers`` (see :mod:`wtconv_cuda.kernels.registers`).
 
     Parameters
     ----------
     storage : str
         ``"float32"``, ``"float16"`` or ``"bfloat16"`` (passed as ``uint16``).
+    backward : bool, default False
+        The backward variant's arguments instead.
 
     Returns
     -------
     tuple of numba types
-        Pointers to the storage type for ``x, y, w0, b0, s0, ww, ws``, then
-        int64 ``B, C, has_bias``.
+        Forward: pointers to the storage type for ``x, y, w0, b0, s0, ww,
+        ws``, then int64 ``B, C, has_bias``. Backward: pointers for ``dy, dx,
+        x``, the five weights and the five gradients, then int64 ``B, C,
+        has_bias``.
     """
     from numba import types
     st = types.CPointer(_storage_type(storage))
-    return (st,) * 7 + (types.int64,) * 3
+    return (st,) * (13 if backward else 7) + (types.int64,) * 3
 
 
 def _source_for(spec) -> tuple[str, str, tuple]:
     if isinstance(spec, registers.RegisterSpec):
         return (registers.register_kernel_source(spec), "wtconv_registers",
-                register_signature(spec.storage))
+                register_signature(spec.storage, spec.backward))
     if isinstance(spec, tiles.TileSpec):
         return (tiles.tile_kernel_source(spec), "wtconv_tile",
                 tile_signature(spec.storage, spec.backward, spec.coarse))

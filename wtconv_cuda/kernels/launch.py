@@ -142,7 +142,7 @@ class Tuning(NamedTuple):
         whenever the tiles can run ``c`` levels (as with ``tiles`` True);
         any other value never splits.
     registers : bool or None
-        Run a forward on the register kernel (:mod:`wtconv_cuda.kernels.registers`,
+        Run a pass on the register kernel (:mod:`wtconv_cuda.kernels.registers`,
         one thread per plane). None lets :func:`plan_registers` decide
         (planes of at most `REGISTER_MAX_PIXELS` pixels, when no other
         field of the plane kernel's launch shape is set); True takes it for
@@ -614,12 +614,18 @@ REGISTER_THREADS = 128
 #: took 22.3 us at 168, 28.4 us at 128 (144 B of local memory per thread) and
 #: 44.5 us left free (241 registers: fewer resident warps).
 REGISTER_KERNEL_CAP = 168
+#: ``.maxnreg`` of its backward: at 7 x 7 (L 2, K 5) ptxas keeps 238 registers
+#: without spills (168: 172 B of spills); its 85 KB of shared memory per
+#: 128-thread block allow two blocks per multiprocessor either way.
+REGISTER_BACKWARD_CAP = 255
 #: ``Tuning(registers=True)`` forces the register kernel up to this many pixels.
 REGISTER_FORCE_MAX_PIXELS = 256
+#: Largest batch of a backward on the register kernel (its block holds whole channels).
+REGISTER_BACKWARD_MAX_BATCH = 256
 
 
 class RegisterLaunch(NamedTuple):
-    """A forward on the register kernel: one thread per plane.
+    """A pass on the register kernel: one thread per plane.
 
     Attributes
     ----------
@@ -642,30 +648,36 @@ _PLANE_SHAPE_FIELDS = ("threads", "strip", "planes_per_block", "warp_sync", "til
 
 
 @lru_cache(maxsize=1024)
-def plan_registers(problem: Problem, shared_limit: int, tuning: Tuning = Tuning()):
-    """The register kernel for a forward on tiny planes, or None.
+def plan_registers(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
+                   backward: bool = False):
+    """The register kernel for a pass on tiny planes, or None.
 
-    By default (``tuning.registers`` None) a forward runs on
+    By default (``tuning.registers`` None) a pass runs on
     :mod:`wtconv_cuda.kernels.registers` when its plane has at most
     `REGISTER_MAX_PIXELS` pixels and no field of the other kernels' launch
     shapes (``threads``, ``strip``, ``planes_per_block``, ``warp_sync``,
     ``tiles``, ``tile``, ``split``) is set; ``tuning.registers`` True takes
     it up to `REGISTER_FORCE_MAX_PIXELS` pixels, False never. Either way the
-    block's planes must fit in ``shared_limit``.
+    block must fit in ``shared_limit``. The backward also needs ``B`` to be
+    a multiple of 32 of at most 256: its block holds whole channels (``128``
+    threads when ``B`` divides 128, else ``B``) and writes their parameter
+    gradients itself.
 
     Parameters
     ----------
     problem : Problem
-        The layer call (forward).
+        The layer call.
     shared_limit : int
         Bytes of dynamic shared memory a block may use.
     tuning : Tuning, optional
         ``registers``, and ``threads`` and ``max_registers`` for the launch.
+    backward : bool, default False
+        Plan the backward pass.
 
     Returns
     -------
     RegisterLaunch or None
-        None where the forward runs on another kernel.
+        None where the pass runs on another kernel.
     """
     p = problem
     pixels = p.height * p.width
@@ -679,9 +691,19 @@ def plan_registers(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(
     elif pixels > REGISTER_FORCE_MAX_PIXELS:
         return None
     threads = REGISTER_THREADS if tuning.registers is None or not tuning.threads else tuning.threads
-    cap = REGISTER_KERNEL_CAP if tuning.max_registers is None else tuning.max_registers
+    if backward:
+        batch = p.batch
+        if batch % 32 or batch > REGISTER_BACKWARD_MAX_BATCH:
+            return None
+        if tuning.registers is None or not tuning.threads:
+            threads = REGISTER_THREADS if REGISTER_THREADS % batch == 0 else batch
+        if threads % batch:
+            return None
+    cap = REGISTER_BACKWARD_CAP if backward else REGISTER_KERNEL_CAP
+    if tuning.max_registers is not None:
+        cap = tuning.max_registers
     spec = RegisterSpec(p.kernel_size, p.storage, p.height, p.width, p.levels, p.stride,
-                        threads, cap)
+                        threads, cap, backward)
     shared = register_shared_bytes(spec)
     if shared > shared_limit:
         return None
@@ -1086,7 +1108,7 @@ def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots:
         then for the coarse problem's buffers (and, backward, then for the
         tiles' partials).
     """
-    if not backward and plan_registers(problem, shared_limit, tuning) is not None:
+    if plan_registers(problem, shared_limit, tuning, backward) is not None:
         return ()
     split = plan_split(problem, shared_limit, tuning, backward)
     if split is not None:
@@ -1125,7 +1147,7 @@ def planned_specs(problem: Problem, backward: bool, shared_limit: int, max_slots
         (planned with the default tuning), then the tiles (backward: then
         the finalize and ``wtconv_coarse_out``).
     """
-    registers = None if backward else plan_registers(problem, shared_limit, tuning)
+    registers = plan_registers(problem, shared_limit, tuning, backward)
     if registers is not None:
         return [registers.spec]
     finalize = FinalizeSpec(problem.kernel_size, problem.storage, FINALIZE_THREADS)
@@ -1279,7 +1301,8 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
                  tuning: Tuning = Tuning()) -> None:
     """Launch the fused backward: ``dx`` and every parameter gradient.
 
-    Two launches (plane kernel, then ``wtconv_finalize`` over the partials),
+    One launch of the register kernel where :func:`plan_registers` takes the
+    problem (tiny planes, ``B`` a multiple of 32). Otherwise two launches (plane kernel, then ``wtconv_finalize`` over the partials),
     or one when a block holds all of its channels' work units
     (``PlaneSpec.fused_finalize``, see :func:`plan_plane`). Where
     :func:`plan_tiles` takes the backward, the tiled kernel and then
@@ -1316,6 +1339,13 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
     RuntimeError
         `SimulatorBackend` without ``NUMBA_ENABLE_CUDASIM=1``.
     """
+    registers = plan_registers(problem, backend.shared_limit, tuning, True)
+    if registers is not None:
+        args = (dy, dx, x, *weights, *grads,
+                *_int64s(problem.batch, problem.channels, int(problem.has_bias)))
+        backend.call(backend.kernel(registers.spec), registers.grid, registers.block, args,
+                     registers.shared_bytes)
+        return
     split = plan_split(problem, backend.shared_limit, tuning, True)
     if split is not None:
         _run_backward_split(backend, problem, x, dy, dx, weights, grads, split)

@@ -43,8 +43,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .codegen import STORAGE, _DivmodLoop, _Emitter, _load, _store
+from .codegen import STORAGE, _DivmodLoop, _Emitter, _emit_gradient_unfold, _load, _store
 
+#: Taps per reduction batch of the backward (one warp's lanes take one channel's).
+TAP_BATCH = 32
 #: Largest plane (``H * W``) the planner gives this kernel: a 7 x 7 or 8 x 8
 #: plane's live values fit in 128 registers (see tests/kernels/test_ptxas.py).
 MAX_PIXELS = 64
@@ -69,6 +71,11 @@ class RegisterSpec(NamedTuple):
         Threads per block (one plane each).
     max_registers : int
         Register cap handed to ptxas (``.maxnreg``); 0 leaves it free.
+    backward : bool
+        The backward variant (see :func:`register_backward_source`); it
+        needs a batch ``B`` that is a multiple of 32 dividing ``threads``, so
+        a block holds whole channels and writes their parameter gradients
+        itself.
     """
 
     kernel_size: int
@@ -79,6 +86,7 @@ class RegisterSpec(NamedTuple):
     stride: int = 1
     threads: int = 128
     max_registers: int = 128
+    backward: bool = False
 
 
 def grids(height: int, width: int, levels: int) -> list[tuple[int, int]]:
@@ -174,122 +182,174 @@ def register_kernel_source(spec: RegisterSpec) -> str:
         An even or non-positive kernel size, an unknown storage, a negative
         level count, a plane or stride below 1, or fewer than 32 threads.
     """
-    K, L, st = spec.kernel_size, spec.levels, spec.storage
-    H, W, S = spec.height, spec.width, spec.stride
-    if K < 1 or K % 2 == 0:
-        raise ValueError(f"kernel_size must be odd and >= 1, got {K}")
-    if st not in STORAGE:
-        raise ValueError(f"storage must be one of {STORAGE}, got {st!r}")
-    if L < 0 or H < 1 or W < 1 or S < 1:
-        raise ValueError(f"need levels >= 0 and height, width, stride >= 1, got {spec}")
-    if spec.threads < 32 or spec.threads % 32:
-        raise ValueError(f"threads must be a positive multiple of 32, got {spec.threads}")
-    P, K2 = K // 2, K * K
+    if spec.backward:
+        return register_backward_source(spec)
+    _check(spec)
+    st, H, W, S = spec.storage, spec.height, spec.width, spec.stride
     Ho, Wo = -(-H // S), -(-W // S)
-    sizes = grids(H, W, L)
-    ld = lambda expr: _load(st, expr)  # noqa: E731
-
     T, PX, PY = spec.threads, plane_pitch(H * W), plane_pitch(Ho * Wo)
     e = _Emitter()
     e("def wtconv_registers(x, y, w0, b0, s0, ww, ws, B, C, has_bias):")
     with e.indent():
-        e("S = cuda.shared.array(0, dtype=float32)",
-          f"A = cuda.shared.array({T}, dtype=int32)",
-          "t = int64(cuda.threadIdx.x)",
-          f"q0 = int64(cuda.blockIdx.x) * {T}",
-          "nplanes = B * C",
-          f"nvalid = min({T}, nplanes - q0)",
-          "# channel-major: a warp's lanes are consecutive batch entries of one channel;",
-          "# a thread past the last plane recomputes it and stores nothing",
-          "q = min(q0 + t, nplanes - 1)",
-          "c = q // B",
-          "A[t] = int32((q - c * B) * C + c)",
-          "cuda.syncthreads()")
-        _emit_staging(e, "load", st, T, H * W, PX, 0)
+        _emit_prologue(e, T)
+        _emit_staging(e, "load", st, T, H * W, PX, 0, "x")
         e("cuda.syncthreads()",
           f"xs = t * {PX}",
           f"ys = {T * PX} + t * {PY}")
 
-        # 1. the plane and its raw Haar pyramid, two rows at a time
-        level = _Values(sizes[0])
-        bands = [[_Values(sizes[j]) for _ in range(4)] for j in range(1, L + 1)]
-        for r in range(H):
-            for col in range(W):
-                name = f"x{r}_{col}"
-                e(f"{name} = S[xs + {r * W + col}]")
-                level.names[(r, col)] = name
-            if r % 2 == 0 and r < H - 1:
-                continue
-            # rows r - 1 and r (or the last, odd row) complete a row of level-1 blocks;
-            # a completed level-j row may complete a row of level j + 1
-            row, j = r // 2, 1
-            while j <= L:
-                src = level if j == 1 else bands[j - 2][0]
-                sub = bands[j - 1]
-                for b in range(sizes[j][1]):
-                    quad = [src.get(2 * row + dy, 2 * b + dx) for dy in (0, 1) for dx in (0, 1)]
-                    for k, name in enumerate(_butterfly(e, f"a{j}_{row}_{b}", *quad)):
-                        if name is not None:
-                            sub[k].names[(row, b)] = name
-                if row % 2 == 0 and row < sizes[j][0] - 1:
-                    break
-                row, j = row // 2, j + 1
-
-        # 2. levels L..1: convolve, then synthesise onto the finer grid
-        finer = None  # synthesis of the levels above, on the current level's grid
-        for j in range(L, 0, -1):
-            hj, wj = sizes[j]
-            e(f"wq{j} = ({j - 1} * C + c) * 4")
-            z = []
-            for k in range(4):
-                acc = _Values((hj, wj))
-                if k == 0 and finer is not None:
-                    acc.names = dict(finer.names)
-                _emit_conv(e, f"z{j}_{k}", bands[j - 1][k], acc, K,
-                           scale=f"{ld(f'ws[wq{j} + {k}]')} * float32({4.0 ** -j!r})",
-                           tap=lambda t, k=k, j=j: ld(f"ww[(wq{j} + {k}) * {K2} + {t}]"))
-                z.append(acc)
-            hf, wf = sizes[j - 1]
-            keep = (lambda r, col: r % S == 0 and col % S == 0) if j == 1 else (lambda r, col: True)
-            finer = _Values((hf, wf))
-            for a in range(hj):
-                for b in range(wj):
-                    outs = _butterfly(e, f"y{j}_{a}_{b}", *(z[k].get(a, b) for k in range(4)))
-                    for (dy, dx), name in zip(((0, 0), (0, 1), (1, 0), (1, 1)), outs):
-                        r, col = 2 * a + dy, 2 * b + dx
-                        if r < hf and col < wf and keep(r, col) and name is not None:
-                            finer.names[(r, col)] = name
-
-        # 3. the base convolution, row by row, plus the bias and the synthesis
-        e(f"scale0 = {ld('s0[c]')}",
-          f"bias = scale0 * {ld('b0[c]')} if has_bias != 0 else float32(0.0)")
-        for t in range(K2):
-            e(f"f0_{t} = scale0 * {ld(f'w0[c * {K2} + {t}]')}")
-        for r in range(0, H, S):
-            cols = range(0, W, S)
-            acc = {col: "bias" for col in cols}
-            for d in range(K):
-                i = r + d - P
-                if not 0 <= i < H:
-                    continue
-                for col in range(W):  # input row i, reloaded for each output row
-                    e(f"xr{r}_{i}_{col} = S[xs + {i * W + col}]")
-                for col in cols:
-                    for dx in range(K):
-                        jx = col + dx - P
-                        if 0 <= jx < W:
-                            name = f"o{r}_{col}_{d}_{dx}"
-                            e(f"{name} = f0_{d * K + dx} * xr{r}_{i}_{jx} + {acc[col]}")
-                            acc[col] = name
-            for col in cols:
-                value = acc[col]
-                if finer is not None and finer.get(r, col) is not None:
-                    e(f"out{r}_{col} = {value} + {finer.get(r, col)}")
-                    value = f"out{r}_{col}"
-                e(f"S[ys + {(r // S) * Wo + col // S}] = {value}")
+        outputs = {(r, col): f"S[ys + {(r // S) * Wo + col // S}]"
+                   for r in range(0, H, S) for col in range(0, W, S)}
+        _emit_plane(e, spec, lambda r, col: f"S[xs + {r * W + col}]", outputs, flip=False)
         e("cuda.syncthreads()")
-        _emit_staging(e, "store", st, T, Ho * Wo, PY, T * PX)
+        _emit_staging(e, "store", st, T, Ho * Wo, PY, T * PX, "y")
     return e.text()
+
+
+def _check(spec: RegisterSpec) -> None:
+    K, L, H, W, S = spec.kernel_size, spec.levels, spec.height, spec.width, spec.stride
+    if K < 1 or K % 2 == 0:
+        raise ValueError(f"kernel_size must be odd and >= 1, got {K}")
+    if spec.storage not in STORAGE:
+        raise ValueError(f"storage must be one of {STORAGE}, got {spec.storage!r}")
+    if L < 0 or H < 1 or W < 1 or S < 1:
+        raise ValueError(f"need levels >= 0 and height, width, stride >= 1, got {spec}")
+    if spec.threads < 32 or spec.threads % 32:
+        raise ValueError(f"threads must be a positive multiple of 32, got {spec.threads}")
+
+
+def _emit_prologue(e: _Emitter, threads: int) -> None:
+    """The thread's plane, and the block's table of plane indices (``A``)."""
+    e("S = cuda.shared.array(0, dtype=float32)",
+      f"A = cuda.shared.array({threads}, dtype=int32)",
+      "t = int64(cuda.threadIdx.x)",
+      f"q0 = int64(cuda.blockIdx.x) * {threads}",
+      "nplanes = B * C",
+      f"nvalid = min({threads}, nplanes - q0)",
+      "# channel-major: a warp's lanes are consecutive batch entries of one channel;",
+      "# a thread past the last plane recomputes it and stores nothing",
+      "q = min(q0 + t, nplanes - 1)",
+      "c = q // B",
+      "A[t] = int32((q - c * B) * C + c)",
+      "cuda.syncthreads()")
+
+
+def _emit_pyramid(e: _Emitter, tag: str, sizes: list, value, levels: int) -> list:
+    """Load a plane and form its raw Haar pyramid up to level ``levels``, two rows at a time.
+
+    ``value(r, col)`` is the expression of pixel ``(r, col)`` (``None``: an exact
+    zero). Returns ``[plane, bands]``: the plane's :class:`_Values` and
+    ``bands[j - 1][k]``, level ``j``'s subband ``k`` (raw: ``2**j`` times the
+    operator's). Names start with ``tag``.
+    """
+    H, W = sizes[0]
+    level = _Values(sizes[0])
+    bands = [[_Values(sizes[j]) for _ in range(4)] for j in range(1, levels + 1)]
+    for r in range(H):
+        for col in range(W):
+            expr = value(r, col)
+            if expr is not None:
+                name = f"{tag}x{r}_{col}"
+                e(f"{name} = {expr}")
+                level.names[(r, col)] = name
+        if r % 2 == 0 and r < H - 1:
+            continue
+        # rows r - 1 and r (or the last, odd row) complete a row of level-1 blocks;
+        # a completed level-j row may complete a row of level j + 1
+        row, j = r // 2, 1
+        while j <= levels:
+            src = level if j == 1 else bands[j - 2][0]
+            sub = bands[j - 1]
+            for b in range(sizes[j][1]):
+                quad = [src.get(2 * row + dy, 2 * b + dx) for dy in (0, 1) for dx in (0, 1)]
+                for k, name in enumerate(_butterfly(e, f"{tag}a{j}_{row}_{b}", *quad)):
+                    if name is not None:
+                        sub[k].names[(row, b)] = name
+            if row % 2 == 0 and row < sizes[j][0] - 1:
+                break
+            row, j = row // 2, j + 1
+    return [level, bands]
+
+
+def _emit_plane(e: _Emitter, spec: RegisterSpec, value, outputs: dict, flip: bool) -> None:
+    """One plane through the operator (``flip``: its adjoint), all in registers.
+
+    ``value(r, col)`` gives input pixel ``(r, col)`` (``None``: an exact zero);
+    ``outputs`` maps each output pixel ``(r, col)`` that is kept to the target
+    it is stored into. The forward (``flip`` false) adds the bias; the adjoint
+    (the input gradient, from the zero-filled upsampled output gradient)
+    correlates with every filter flipped and has no bias.
+    """
+    K, L, st = spec.kernel_size, spec.levels, spec.storage
+    H, W = spec.height, spec.width
+    P, K2 = K // 2, K * K
+    sizes = grids(H, W, L)
+    ld = lambda expr: _load(st, expr)  # noqa: E731
+    tap_of = (lambda t: K2 - 1 - t) if flip else (lambda t: t)
+
+    # 1. the plane and its raw Haar pyramid, two rows at a time
+    _, bands = _emit_pyramid(e, "", sizes, value, L)
+
+    # 2. levels L..1: convolve, then synthesise onto the finer grid
+    finer = None  # synthesis of the levels above, on the current level's grid
+    for j in range(L, 0, -1):
+        hj, wj = sizes[j]
+        e(f"wq{j} = ({j - 1} * C + c) * 4")
+        z = []
+        for k in range(4):
+            acc = _Values((hj, wj))
+            if k == 0 and finer is not None:
+                acc.names = dict(finer.names)
+            _emit_conv(e, f"z{j}_{k}", bands[j - 1][k], acc, K,
+                       scale=f"{ld(f'ws[wq{j} + {k}]')} * float32({4.0 ** -j!r})",
+                       tap=lambda t, k=k, j=j: ld(f"ww[(wq{j} + {k}) * {K2} + {tap_of(t)}]"))
+            z.append(acc)
+        hf, wf = sizes[j - 1]
+        keep = (lambda r, col: (r, col) in outputs) if j == 1 else (lambda r, col: True)
+        finer = _Values((hf, wf))
+        for a in range(hj):
+            for b in range(wj):
+                outs = _butterfly(e, f"y{j}_{a}_{b}", *(z[k].get(a, b) for k in range(4)))
+                for (dy, dx), name in zip(((0, 0), (0, 1), (1, 0), (1, 1)), outs):
+                    r, col = 2 * a + dy, 2 * b + dx
+                    if r < hf and col < wf and keep(r, col) and name is not None:
+                        finer.names[(r, col)] = name
+
+    # 3. the base convolution, row by row, plus the bias and the synthesis
+    e(f"scale0 = {ld('s0[c]')}")
+    if flip:
+        e("bias = float32(0.0)")
+    else:
+        e(f"bias = scale0 * {ld('b0[c]')} if has_bias != 0 else float32(0.0)")
+    for t in range(K2):
+        e(f"f0_{t} = scale0 * {ld(f'w0[c * {K2} + {tap_of(t)}]')}")
+    for r in range(H):
+        cols = [col for col in range(W) if (r, col) in outputs]
+        if not cols:
+            continue
+        acc = {col: "bias" for col in cols}
+        for d in range(K):
+            i = r + d - P
+            if not 0 <= i < H:
+                continue
+            row = {}
+            for col in range(W):  # input row i, reloaded for each output row
+                expr = value(i, col)
+                if expr is not None:
+                    row[col] = f"xr{r}_{i}_{col}"
+                    e(f"{row[col]} = {expr}")
+            for col in cols:
+                for dx in range(K):
+                    jx = col + dx - P
+                    if jx in row:
+                        name = f"o{r}_{col}_{d}_{dx}"
+                        e(f"{name} = f0_{d * K + dx} * {row[jx]} + {acc[col]}")
+                        acc[col] = name
+        for col in cols:
+            value_name = acc[col]
+            if finer is not None and finer.get(r, col) is not None:
+                e(f"out{r}_{col} = {value_name} + {finer.get(r, col)}")
+                value_name = f"out{r}_{col}"
+            e(f"{outputs[(r, col)]} = {value_name}")
 
 
 def _emit_conv(e: _Emitter, tag: str, src: _Values, acc: _Values, K: int, scale: str,
@@ -350,15 +410,248 @@ def plane_pitch(pixels: int) -> int:
 def shared_bytes(spec: RegisterSpec) -> int:
     """Dynamic shared memory of a ``wtconv_registers`` block, in bytes.
 
-    Every thread's input plane and output plane, as float32, at
+    Forward: every thread's input plane and output plane, as float32, at
     :func:`plane_pitch` (the int32 table of plane indices is static).
+    Backward: see :func:`backward_layout`.
     """
+    if spec.backward:
+        return 4 * backward_layout(spec).floats
     Ho, Wo = -(-spec.height // spec.stride), -(-spec.width // spec.stride)
     return 4 * spec.threads * (plane_pitch(spec.height * spec.width) + plane_pitch(Ho * Wo))
 
 
+class BackwardLayout(NamedTuple):
+    """Offsets (float32 words) in a backward block's shared buffer.
+
+    Attributes
+    ----------
+    dy, x : int
+        Every thread's plane of ``dy`` and of ``x`` (pitches :func:`plane_pitch`).
+    work : int
+        First ``dx`` (staged for a coalesced store), then the reduction area:
+        `TAP_BATCH` rows of ``threads + 1`` per-thread tap sums.
+    sums : int
+        The channel sums, ``ntaps`` for each of the block's (at most
+        ``threads / 32``) channels.
+    floats : int
+        Size of the buffer.
+    ntaps : int
+        ``K**2 (1 + 4 L) + 1``: base taps, bias, level taps.
+    """
+
+    dy: int
+    x: int
+    work: int
+    sums: int
+    floats: int
+    ntaps: int
+
+
+def backward_layout(spec: RegisterSpec) -> BackwardLayout:
+    """The shared-memory layout of a backward ``wtconv_registers`` block.
+
+    Parameters
+    ----------
+    spec : RegisterSpec
+        A backward variant.
+
+    Returns
+    -------
+    BackwardLayout
+    """
+    H, W, S, T = spec.height, spec.width, spec.stride, spec.threads
+    Ho, Wo = -(-H // S), -(-W // S)
+    ntaps = spec.kernel_size ** 2 * (1 + 4 * spec.levels) + 1
+    x = T * plane_pitch(Ho * Wo)
+    work = x + T * plane_pitch(H * W)
+    sums = work + max(T * plane_pitch(H * W), TAP_BATCH * (T + 1))
+    return BackwardLayout(0, x, work, sums, sums + (T // 32) * ntaps, ntaps)
+
+
+def register_backward_source(spec: RegisterSpec) -> str:
+    """Python source of the backward ``wtconv_registers`` for ``spec``.
+
+    The kernel takes ``(dy, dx, x, w0, b0, s0, ww, ws, gw0, gb0, gs0, gww,
+    gws, B, C, has_bias)`` (see
+    :func:`wtconv_cuda.kernels.compiler.register_signature`). As in the
+    forward, thread ``q`` owns plane ``(q % B, q // B)``; ``B`` (a multiple
+    of 32, a run-time value) must divide the block, which then holds
+    ``threads / B`` whole channels.
+
+    1. The block stages its planes of ``dy`` and ``x`` (coalesced).
+    2. Each thread runs the adjoint pipeline on its ``dy`` (upsampled by the
+       stride with zeros, every filter flipped, no bias) and the block stores
+       ``dx``.
+    3. Each thread forms the ``ntaps`` weight-gradient sums of its plane, in
+       the order of the published parameters: base taps (``dy`` correlated
+       with ``x``), the bias (the sum of ``dy``), then each level's four
+       subbands (the raw pyramids of ``dy`` and ``x`` correlated, times
+       ``4**-j``), recomputing the pyramids it needs from the staged planes.
+       The sums go to the reduction area in batches of `TAP_BATCH` taps;
+       after each batch, thread ``i`` adds tap ``i % 32`` of channel ``i //
+       32`` over the channel's ``B`` planes, in batch order (deterministic).
+    4. The block unfolds its channels' sums into the gradients of the
+       published parameters, as ``wtconv_finalize`` does
+       (:func:`wtconv_cuda.kernels.codegen._emit_gradient_unfold`): no
+       partials, no second launch.
+
+    Parameters
+    ----------
+    spec : RegisterSpec
+        The variant to generate.
+
+    Returns
+    -------
+    str
+        Source of a function ``wtconv_registers``.
+
+    Raises
+    ------
+    ValueError
+        As :func:`register_kernel_source`.
+    """
+    _check(spec)
+    K, L, st, T = spec.kernel_size, spec.levels, spec.storage, spec.threads
+    H, W, S = spec.height, spec.width, spec.stride
+    P, K2 = K // 2, K * K
+    Ho, Wo = -(-H // S), -(-W // S)
+    PX, PY = plane_pitch(H * W), plane_pitch(Ho * Wo)
+    lay = backward_layout(spec)
+    sizes = grids(H, W, L)
+
+    def dy_at(r, col):
+        if r % S or col % S:
+            return None
+        return f"S[dys + {(r // S) * Wo + col // S}]"
+
+    def x_at(r, col):
+        return f"S[xs + {r * W + col}]"
+
+    e = _Emitter()
+    e("def wtconv_registers(dy, dx, x, w0, b0, s0, ww, ws, gw0, gb0, gs0, gww, gws, B, C, "
+      "has_bias):")
+    with e.indent():
+        _emit_prologue(e, T)
+        e(f"L = {L}", f"ntaps = {lay.ntaps}", "fz = float32(0.0)",
+          f"runs = {T} // B  # whole channels in the block")
+        _emit_staging(e, "load", st, T, Ho * Wo, PY, lay.dy, "dy")
+        _emit_staging(e, "load", st, T, H * W, PX, lay.x, "x")
+        e("cuda.syncthreads()",
+          f"dys = {lay.dy} + t * {PY}",
+          f"xs = {lay.x} + t * {PX}",
+          f"dxs = {lay.work} + t * {PX}")
+        outputs = {(r, col): f"S[dxs + {r * W + col}]" for r in range(H) for col in range(W)}
+        _emit_plane(e, spec, dy_at, outputs, flip=True)
+        e("cuda.syncthreads()")
+        _emit_staging(e, "store", st, T, H * W, PX, lay.work, "dx")
+        e("cuda.syncthreads()")
+
+        batch = _TapBatches(e, lay, T)
+        # base taps: dy correlated with x; the bias: the sum of dy
+        e("if nvalid > 0:")
+        with e.indent():
+            xv = _Values((H, W))
+            dv = _Values((H, W))
+            for r in range(H):
+                for col in range(W):
+                    xv.names[(r, col)] = f"bx{r}_{col}"
+                    e(f"bx{r}_{col} = {x_at(r, col)}")
+                    if dy_at(r, col) is not None:
+                        dv.names[(r, col)] = f"bd{r}_{col}"
+                        e(f"bd{r}_{col} = {dy_at(r, col)}")
+            for t in range(K2):
+                batch.add(_correlation(e, f"g0_{t}", dv, xv, t // K - P, t % K - P))
+        e("if nvalid > 0:")
+        with e.indent():
+            terms = [dv.get(r, col) for r in range(H) for col in range(W)]
+            batch.add(_chain_sum(e, "gbias", [v for v in terms if v is not None]))
+        # level taps: the raw pyramids of dy and x, recomputed per subband
+        for j in range(1, L + 1):
+            for k in range(4):
+                e("if nvalid > 0:")
+                with e.indent():
+                    _, gbands = _emit_pyramid(e, f"pd{j}{k}_", sizes, dy_at, j)
+                    _, xbands = _emit_pyramid(e, f"px{j}{k}_", sizes, x_at, j)
+                    for t in range(K2):
+                        v = _correlation(e, f"g{j}_{k}_{t}", gbands[j - 1][k],
+                                         xbands[j - 1][k], t // K - P, t % K - P)
+                        if v != "fz":
+                            e(f"g{j}_{k}_{t}s = {v} * float32({4.0 ** -j!r})")
+                            v = f"g{j}_{k}_{t}s"
+                        batch.add(v)
+        batch.flush()
+        e("cb = q0 // B", "tu = t  # the unfold below names its taps t")
+        _emit_gradient_unfold(e, K, st, "tu", T, "runs", run_channel="cb + run",
+                              run_valid="q0 + run * B < nplanes",
+                              gsum=lambda tt: f"S[{lay.sums} + run * ntaps + {tt}]")
+    return e.text()
+
+
+class _TapBatches:
+    """Per-thread tap sums into the reduction area, reduced per channel every
+    `TAP_BATCH` taps."""
+
+    def __init__(self, e: _Emitter, lay: BackwardLayout, threads: int) -> None:
+        self.e, self.lay, self.T = e, lay, threads
+        self.first, self.count = 0, 0  # first tap of the open batch, taps in it
+
+    def add(self, value: str) -> None:
+        """Store this thread's sum of the next tap (``value``: a name or ``fz``)."""
+        self.e(f"S[{self.lay.work} + {self.count * (self.T + 1)} + t] = {value}")
+        self.count += 1
+        if self.count == TAP_BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        """Barrier; thread ``i`` adds tap ``first + i % 32`` of channel ``i // 32`` over the
+        channel's ``B`` planes; barrier."""
+        if not self.count:
+            return
+        e, T = self.e, self.T
+        e("cuda.syncthreads()", f"slot = t % {TAP_BATCH}", f"run = t // {TAP_BATCH}",
+          f"if slot < {self.count} and run < runs:")
+        with e.indent():
+            e("tot = fz", f"row = {self.lay.work} + slot * {T + 1} + run * B",
+              "for m in range(B):", "    tot += S[row + m]",
+              f"S[{self.lay.sums} + run * ntaps + {self.first} + slot] = tot")
+        e("cuda.syncthreads()")
+        self.first += self.count
+        self.count = 0
+
+
+def _correlation(e: _Emitter, tag: str, g: _Values, u: _Values, oy: int, ox: int) -> str:
+    """``sum_q g[q] * u[q + (oy, ox)]`` over the grid, zero terms dropped; returns its name
+    (``fz`` when no term is left)."""
+    hj, wj = g.shape
+    terms = []
+    for a in range(hj):
+        for b in range(wj):
+            gv, uv = g.get(a, b), u.get(a + oy, b + ox)
+            if gv is not None and uv is not None:
+                terms.append((gv, uv))
+    if not terms:
+        return "fz"
+    acc = None
+    for n, (gv, uv) in enumerate(terms):
+        name = f"{tag}_{n}"
+        e(f"{name} = {gv} * {uv}" if acc is None else f"{name} = {gv} * {uv} + {acc}")
+        acc = name
+    return acc
+
+
+def _chain_sum(e: _Emitter, tag: str, names: list) -> str:
+    """The sum of ``names`` in order (``fz`` for none); returns its name."""
+    if not names:
+        return "fz"
+    acc = names[0]
+    for n, v in enumerate(names[1:]):
+        e(f"{tag}_{n} = {acc} + {v}")
+        acc = f"{tag}_{n}"
+    return acc
+
+
 def _emit_staging(e: _Emitter, direction: str, storage: str, threads: int, pixels: int,
-                  pitch: int, base: int) -> None:
+                  pitch: int, base: int, array: str) -> None:
     """Copy the block's planes between global memory and the shared buffer, coalesced.
 
     The block's ``nvalid`` planes of ``pixels`` elements are taken as one list
@@ -367,17 +660,17 @@ def _emit_staging(e: _Emitter, direction: str, storage: str, threads: int, pixel
     in memory) where a thread reading its own plane would touch 32. Element
     ``i`` is pixel ``i % pixels`` of the block's plane ``i // pixels``, which
     is plane ``A[i // pixels]`` of the array; quotient and remainder are
-    stepped, not divided. ``direction`` "load" converts ``x`` into float32
+    stepped, not divided. ``direction`` "load" converts ``array`` into float32
     words of the buffer (from word ``base``, planes ``pitch`` apart), "store"
-    rounds them into ``y``.
+    rounds them into ``array``.
     """
-    tag = direction
+    tag = f"{direction}_{array}"
     e(f"n_{tag} = int64({pixels})")
     with _DivmodLoop(e, f"i_{tag}", "t", f"nvalid * {pixels}", threads, f"n_{tag}", f"pl_{tag}",
                      f"px_{tag}"):
         e(f"g_{tag} = int64(A[pl_{tag}]) * {pixels} + px_{tag}")
         word = f"S[{base} + pl_{tag} * {pitch} + px_{tag}]"
         if direction == "load":
-            e(f"{word} = {_load(storage, f'x[g_{tag}]')}")
+            e(f"{word} = {_load(storage, f'{array}[g_{tag}]')}")
         else:
-            _store_rounded(e, storage, f"y[g_{tag}]", word, tag)
+            _store_rounded(e, storage, f"{array}[g_{tag}]", word, tag)

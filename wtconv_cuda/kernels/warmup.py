@@ -75,9 +75,12 @@ def variants(kernel_sizes, storages, strides, plane_sizes, levels=range(7),
         problem = Problem(1, 1, h, w, k, lv, stride, storage, True)
         # a problem large enough for the planner's size rules (SPLIT_MIN_PIXELS)
         large = problem._replace(batch=-(-SPLIT_MIN_PIXELS // (h * w)))
-        registers = plan_registers(problem, shared_limit, tuning)
-        if registers is not None:  # tiny planes: the forward's register kernel
-            specs.append(registers.spec)
+        # tiny planes: the register kernel (its backward needs B a multiple of 32; B is
+        # a run-time value, and B up to 128 shares one variant)
+        for registers in (plan_registers(problem, shared_limit, tuning),
+                          plan_registers(problem._replace(batch=32), shared_limit, tuning, True)):
+            if registers is not None:
+                specs.append(registers.spec)
         for backward in (False, True):
             tiled = plan_tiles(problem, shared_limit, tuning, backward)
             if tiled is not None:  # large planes: the tiles (the plane kernel stays warm too)
