@@ -9,10 +9,12 @@ reports the fraction of the copy roofline (``x`` read once, ``y`` written
 once, at the measured device-to-device copy bandwidth). Registers and local
 memory come from each loaded kernel. Correctness is the tests' job; this
 script only checks that every output is finite and close to the plane
-kernel's.
+kernel's. ``--backward`` times the backward instead (``dx`` and every
+weight gradient; roofline: ``x`` and ``dy`` read, ``dx`` written).
 
     python benchmarks/register_bench.py --json register_bench.json
     python benchmarks/register_bench.py --configs 64x768x7x7:2 64x192x28x28:4 --variants 128:168
+    python benchmarks/register_bench.py --backward --variants 128:255
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from tile_bench import ITEMSIZE, copy_bandwidth, kernel_report, random_inputs  #
 
 from wtconv_cuda._bench.core import CupyEventTimer, time_median  # noqa: E402
 from wtconv_cuda.kernels.launch import (  # noqa: E402
-    CupyBackend, Problem, Tuning, planned_specs, run_forward,
+    CupyBackend, Problem, Tuning, Weights, planned_specs, run_backward, run_forward,
 )
 
 
@@ -46,6 +48,7 @@ def main(argv=None) -> int:
     parser.add_argument("--variants", nargs="+", default=["128:168", "128:128", "128:255",
                                                           "64:168", "256:168"])
     parser.add_argument("--kernel-size", type=int, default=5)
+    parser.add_argument("--backward", action="store_true", help="time the backward pass")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
 
@@ -57,7 +60,8 @@ def main(argv=None) -> int:
     problems = [Problem(b, c, h, w, args.kernel_size, lv, 1, storage, True)
                 for b, c, h, w, lv in map(parse_config, args.configs) for storage in args.storage]
     specs = {spec for p in problems for t in runs.values()
-             for spec in planned_specs(p, False, backend.shared_limit, backend.max_slots, t)}
+             for spec in planned_specs(p, args.backward, backend.shared_limit,
+                                       backend.max_slots, t)}
     kernels = kernel_report(specs, backend)
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
@@ -66,19 +70,28 @@ def main(argv=None) -> int:
     gen = np.random.default_rng(0)
     for p in problems:
         xs, weights = random_inputs(gen, p)
-        nbytes = 2 * p.batch * p.channels * p.height * p.width * ITEMSIZE[p.storage]
+        planes = (3 if args.backward else 2) * p.batch * p.channels * p.height * p.width
+        nbytes = planes * ITEMSIZE[p.storage]
         outputs, row = {}, {"problem": p._asdict(), "ms": {}, "roofline": {}, "specs": {}}
+        grads = Weights(*(cupy.empty_like(a) for a in weights))
         for name, tuning in runs.items():
             y = cupy.full_like(xs[0], 0xFFFF if p.storage == "bfloat16" else np.nan)
-            timing = time_median(lambda i: run_forward(backend, p, xs[i], y, weights, tuning),
-                                 [(i,) for i in range(len(xs))], CupyEventTimer(cupy), 30, 3)
-            run_forward(backend, p, xs[0], y, weights, tuning)
+
+            def run(i, y=y, tuning=tuning):
+                if args.backward:  # dy: another rotation's input
+                    run_backward(backend, p, xs[i], xs[i - 1], y, weights, grads, tuning)
+                else:
+                    run_forward(backend, p, xs[i], y, weights, tuning)
+
+            timing = time_median(run, [(i,) for i in range(len(xs))], CupyEventTimer(cupy),
+                                 30, 3)
+            run(0)
             outputs[name] = y
             ms = timing.median_ms
             row["ms"][name] = round(ms, 4)
             row["roofline"][name] = round(nbytes / bandwidth / (ms * 1e-3), 4)
             row["specs"][name] = [repr(s) for s in planned_specs(
-                p, False, backend.shared_limit, backend.max_slots, tuning)]
+                p, args.backward, backend.shared_limit, backend.max_slots, tuning)]
         ref = _as_float(outputs["plane"], p.storage)
         row["max_rel_diff"] = {}
         for name, y in outputs.items():
