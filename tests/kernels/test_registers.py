@@ -19,28 +19,24 @@ from wtconv_cuda.kernels.launch import (
 )
 from wtconv_cuda.kernels.registers import grids, register_kernel_source
 
-from ..conftest import random_weights
 from ._backends import RecordingBackend
+from ._oracle import backward_errors, random_layer
 
 simulator = pytest.mark.skipif(os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
                                reason="needs numba's CUDA simulator")
 
 TOLERANCE = {"float32": 2e-6, "float16": 2e-3}
+LIMIT = 227 * 1024  # dynamic shared memory of a block, bytes
 
 
 def forward_error(rng, shape, levels, k, stride, storage="float32", bias=True,
                   tuning=Tuning(registers=True, threads=32)):
     """Run the forward through the planner; returns the relative error against the oracle."""
-    dtype = np.dtype(storage)
+    x, wts, weights, problem = random_layer(rng, shape, levels, k, stride, storage, bias)
     b, c, h, w = shape
-    x = rng.standard_normal(shape).astype(dtype)
-    wts = random_weights(rng, c, k, levels, bias=bias, dtype=dtype)
-    weights = Weights(wts.base_weight, wts.base_bias if bias else wts.base_scale,
-                      wts.base_scale, wts.wavelet_weight, wts.wavelet_scale)
-    problem = Problem(b, c, h, w, k, levels, stride, storage, bias)
-    assert plan_registers(problem, 227 * 1024, tuning) is not None
+    assert plan_registers(problem, LIMIT, tuning) is not None
     backend = RecordingBackend()
-    y = np.full((b, c, -(-h // stride), -(-w // stride)), np.nan, dtype)
+    y = np.full((b, c, -(-h // stride), -(-w // stride)), np.nan, x.dtype)
     x_before = x.copy()
     run_forward(backend, problem, x, y, weights, tuning)
     assert [type(spec) for spec in backend.kernels] == [RegisterSpec]
@@ -80,9 +76,6 @@ def test_float16_without_bias(rng):
 def test_default_planner_takes_it_for_tiny_planes(rng):
     """The default tuning runs a 7 x 7 forward on the register kernel."""
     assert forward_error(rng, (2, 3, 7, 7), 2, 5, 1, tuning=Tuning()) < TOLERANCE["float32"]
-
-
-LIMIT = 227 * 1024
 
 
 def test_planner_rules():
@@ -133,20 +126,15 @@ def test_generated_code_skips_padding():
             register_kernel_source(bad)
 
 
-def backward_errors(rng, shape, levels, k, stride, storage="float32", bias=True,
-                    tuning=Tuning(registers=True)):
+def register_backward_errors(rng, shape, levels, k, stride, storage="float32", bias=True,
+                             tuning=Tuning(registers=True)):
     """The backward through the planner: relative errors of ``dx`` and every gradient."""
-    dtype = np.dtype(storage)
+    x, wts, weights, problem = random_layer(rng, shape, levels, k, stride, storage, bias)
     b, c, h, w = shape
-    x = rng.standard_normal(shape).astype(dtype)
-    wts = random_weights(rng, c, k, levels, bias=bias, dtype=dtype)
-    weights = Weights(wts.base_weight, wts.base_bias if bias else wts.base_scale,
-                      wts.base_scale, wts.wavelet_weight, wts.wavelet_scale)
-    problem = Problem(b, c, h, w, k, levels, stride, storage, bias)
     assert plan_registers(problem, LIMIT, tuning, True) is not None
-    dy = rng.standard_normal((b, c, -(-h // stride), -(-w // stride))).astype(dtype)
-    dx = np.full(shape, np.nan, dtype)
-    grads = Weights(*(np.full(a.shape, np.nan, dtype) for a in weights))
+    dy = rng.standard_normal((b, c, -(-h // stride), -(-w // stride))).astype(x.dtype)
+    dx = np.full(shape, np.nan, x.dtype)
+    grads = Weights(*(np.full(a.shape, np.nan, x.dtype) for a in weights))
     backend = RecordingBackend()
     x_before, dy_before = x.copy(), dy.copy()
     run_backward(backend, problem, x, dy, dx, weights, grads, tuning)
@@ -154,20 +142,7 @@ def backward_errors(rng, shape, levels, k, stride, storage="float32", bias=True,
     assert backend.requests == []  # no partials: the block writes the gradients
     np.testing.assert_array_equal(x, x_before)
     np.testing.assert_array_equal(dy, dy_before)
-    dx_ref, dw_ref = reference.backward(x, wts, dy, levels, stride)
-    pairs = {"dx": (dx, dx_ref), "base_weight": (grads.base_weight, dw_ref.base_weight),
-             "base_scale": (grads.base_scale, dw_ref.base_scale)}
-    if bias:
-        pairs["base_bias"] = (grads.base_bias, dw_ref.base_bias)
-    if levels:
-        pairs["wavelet_weight"] = (grads.wavelet_weight, dw_ref.wavelet_weight)
-        pairs["wavelet_scale"] = (grads.wavelet_scale, dw_ref.wavelet_scale)
-    errors = {}
-    for name, (got, want) in pairs.items():
-        got = got.astype(np.float64)
-        assert np.isfinite(got).all(), f"{name}: unwritten (NaN) elements"
-        errors[name] = np.linalg.norm(got - want) / np.linalg.norm(want)
-    return errors
+    return backward_errors(x, wts, dy, levels, stride, dx, grads, bias)
 
 
 @simulator
@@ -177,14 +152,14 @@ def backward_errors(rng, shape, levels, k, stride, storage="float32", bias=True,
     ((64, 2, 3, 2), 3, 3, 1, Tuning()),                       # the default; past a 1 x 1 grid
 ])
 def test_backward_matches_oracle(rng, shape, levels, k, stride, tuning):
-    errors = backward_errors(rng, shape, levels, k, stride, tuning=tuning)
+    errors = register_backward_errors(rng, shape, levels, k, stride, tuning=tuning)
     bad = {n: e for n, e in errors.items() if not e < TOLERANCE["float32"]}
     assert not bad, bad
 
 
 @simulator
 def test_backward_float16_without_bias(rng):
-    errors = backward_errors(rng, (32, 2, 4, 5), 2, 3, 1, "float16", bias=False)
+    errors = register_backward_errors(rng, (32, 2, 4, 5), 2, 3, 1, "float16", bias=False)
     bad = {n: e for n, e in errors.items() if not e < TOLERANCE["float16"]}
     assert not bad, bad
 

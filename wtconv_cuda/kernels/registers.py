@@ -1,4 +1,4 @@
-"""Register kernel for tiny planes: ``wtconv_registers`` (forward).
+"""Register kernel for tiny planes: ``wtconv_registers`` (forward and backward).
 
 At ConvNeXt-T's last stage a plane has 7 x 7 pixels. The plane kernel
 (:mod:`.codegen`) gives such a plane a group of 16 threads and a shared-memory
@@ -16,15 +16,16 @@ level 1 needs 196 of a 4 x 4 grid's 400 products per subband). A warp holds
 32 planes of one channel (the batch varies fastest), so its lanes load the
 same taps.
 
-One thread, one plane:
+One thread, one plane (forward):
 
 1. load the plane and form the Haar pyramid (raw butterflies, no ``1/2``: the
    factors are powers of two and go into the taps, see below);
 2. from the coarsest level down: convolve the four subbands (the LL
    accumulator starts from the synthesis of the level above) and synthesise
    them onto the next finer grid (level 1: only the pixels the stride keeps);
-3. for each output row, the base convolution over ``K`` reloaded input rows
-   (from L1), the bias and the synthesis; one store per output pixel.
+3. for each output row, the base convolution over ``K`` input rows (read
+   again from shared memory), the bias and the synthesis; one store per
+   output pixel.
 
 Folded taps: with raw butterflies, level ``j``'s subbands are ``2**j`` times
 the operator's and each raw synthesis doubles again, so the level's taps are
@@ -34,9 +35,12 @@ The base taps are ``s0 * w0`` and the bias term ``s0 * b``.
 
 Every value lives in a register, so the plane must be small: the planner
 (:func:`wtconv_cuda.kernels.launch.plan_registers`) uses this kernel up to
-:data:`MAX_PIXELS` pixels. The pixels a thread reads are ``C * H * W``
-elements apart from its neighbours'; each thread reads ``H * W`` contiguous
-elements, which L1 serves after the first touch of each sector.
+:data:`MAX_PIXELS` pixels. Neighbouring threads' planes lie ``C * H * W``
+elements apart, so a block first copies its planes into shared memory as
+one list of elements (a warp's load touches one or two planes' contiguous
+bytes), each thread reads its plane from there, and the outputs leave the
+same way (:func:`_emit_staging`). The backward variant
+(:func:`register_backward_source`) also writes the parameter gradients.
 """
 
 from __future__ import annotations
@@ -47,8 +51,8 @@ from .codegen import STORAGE, _DivmodLoop, _Emitter, _emit_gradient_unfold, _loa
 
 #: Taps per reduction batch of the backward (one warp's lanes take one channel's).
 TAP_BATCH = 32
-#: Largest plane (``H * W``) the planner gives this kernel: a 7 x 7 or 8 x 8
-#: plane's live values fit in 128 registers (see tests/kernels/test_ptxas.py).
+#: Largest plane (``H * W``) the planner gives this kernel: a 7 x 7 forward
+#: fits in 168 registers without spills (tests/kernels/test_ptx.py checks it).
 MAX_PIXELS = 64
 
 
@@ -162,8 +166,10 @@ def register_kernel_source(spec: RegisterSpec) -> str:
     pointers to the storage type, then int64 scalars (see
     :func:`wtconv_cuda.kernels.compiler.register_signature`). Thread ``q`` of
     the grid (``spec.threads`` per block, ``ceil(B * C / threads)`` blocks)
-    computes plane ``(q % B, q // B)``; threads past ``B * C`` return at once.
-    No shared memory, no barriers.
+    computes plane ``(q % B, q // B)``; a thread past ``B * C`` recomputes
+    the last plane and stores nothing. The block stages its planes in
+    dynamic shared memory (:func:`shared_bytes`), in and out. A backward
+    spec gets :func:`register_backward_source` instead.
 
     Parameters
     ----------

@@ -1,0 +1,45 @@
+"""Comparison of the kernels' outputs with the float64 oracle, shared by the simulator tests."""
+
+import numpy as np
+
+from wtconv_cuda import reference
+from wtconv_cuda.kernels.launch import Problem, Weights
+
+from ..conftest import random_weights
+
+
+def random_layer(rng, shape, levels, k, stride, storage, bias):
+    """Random ``x`` and parameters of ``storage``: ``(x, wts, weights, problem)``.
+
+    ``wts`` is the oracle's :class:`~wtconv_cuda.WTConvWeights`, ``weights`` the
+    kernels' :class:`~wtconv_cuda.kernels.launch.Weights` of the same arrays (the
+    scale stands in for a missing bias).
+    """
+    dtype = np.dtype(storage)
+    b, c, h, w = shape
+    x = rng.standard_normal(shape).astype(dtype)
+    wts = random_weights(rng, c, k, levels, bias=bias, dtype=dtype)
+    weights = Weights(wts.base_weight, wts.base_bias if bias else wts.base_scale,
+                      wts.base_scale, wts.wavelet_weight, wts.wavelet_scale)
+    return x, wts, weights, Problem(b, c, h, w, k, levels, stride, storage, bias)
+
+
+def backward_errors(x, wts, dy, levels, stride, dx, grads, bias) -> dict:
+    """Relative errors of ``dx`` and every written gradient against the oracle.
+
+    Fails on an unwritten (NaN) element.
+    """
+    dx_ref, dw_ref = reference.backward(x, wts, dy, levels, stride)
+    pairs = {"dx": (dx, dx_ref), "base_weight": (grads.base_weight, dw_ref.base_weight),
+             "base_scale": (grads.base_scale, dw_ref.base_scale)}
+    if bias:
+        pairs["base_bias"] = (grads.base_bias, dw_ref.base_bias)
+    if levels:
+        pairs["wavelet_weight"] = (grads.wavelet_weight, dw_ref.wavelet_weight)
+        pairs["wavelet_scale"] = (grads.wavelet_scale, dw_ref.wavelet_scale)
+    errors = {}
+    for name, (got, want) in pairs.items():
+        got = got.astype(np.float64)
+        assert np.isfinite(got).all(), f"{name}: unwritten (NaN) elements"
+        errors[name] = np.linalg.norm(got - want) / np.linalg.norm(want)
+    return errors
