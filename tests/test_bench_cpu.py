@@ -482,3 +482,40 @@ def test_cupy_event_timer_drives_time_median():
         get_elapsed_time=lambda a, b: float(b.t - a.t)))
     timing = time_median(lambda: None, [()], CupyEventTimer(fake), repeat=5, warmup=1)
     assert timing.runs == 5 and timing.median_ms == 2.0
+
+
+def test_event_timers_record_reserved_events():
+    """time_median reserves its marks ahead: no event is created inside a timed call."""
+    import types
+
+    from wtconv_cuda._bench.core import CudaEventTimer, CupyEventTimer, time_median
+
+    created = []
+
+    class Event:
+        def __init__(self, **kwargs):
+            created.append(self)
+
+        def record(self, stream=None):
+            self.t = len(created)
+
+        def elapsed_time(self, other):
+            return 1.0
+
+    events_during_calls = []
+
+    def fn():
+        events_during_calls.append(len(created))
+
+    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Event=Event, current_stream=lambda device: None, synchronize=lambda device: None))
+    fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Event=Event, Device=lambda: types.SimpleNamespace(synchronize=lambda: None),
+        get_elapsed_time=lambda a, b: 1.0))
+    for timer in (CudaEventTimer(fake_torch), CupyEventTimer(fake_cupy)):
+        created.clear()
+        events_during_calls.clear()
+        timing = time_median(fn, [()], timer, repeat=7, warmup=2)
+        assert timing.runs == 7
+        assert len(created) == 14  # all made before the first timed call
+        assert set(events_during_calls[2:]) == {14}
