@@ -51,8 +51,9 @@ from .codegen import STORAGE, _DivmodLoop, _Emitter, _emit_gradient_unfold, _loa
 
 #: Taps per reduction batch of the backward (one warp's lanes take one channel's).
 TAP_BATCH = 32
-#: Largest plane (``H * W``) the planner gives this kernel: a 7 x 7 forward
-#: fits in 168 registers without spills (tests/kernels/test_ptx.py checks it).
+#: Largest plane (``H * W``) the planner gives this kernel. At K 5 ptxas fits a
+#: 7 x 7 (L 2) or 8 x 8 (L 3) forward in 168 registers without spills (a
+#: 7 x 9 one keeps 64 B of local memory); tests/kernels/test_ptx.py checks 7 x 7.
 MAX_PIXELS = 64
 
 
