@@ -34,8 +34,9 @@
 #   split      split passes (coarse pre-pass, then tiles): tile_bench.py forward and
 #              backward on the paper grid (L 3-5) and at two ConvNeXt-T stages (~8 min)
 #   registers  the register kernel (one thread per tiny plane): its GPU tests and
-#              the split tests (28x28 splits run their coarse pass on it), then
-#              benchmarks/register_bench.py $REG_ARGS against the plane kernel (~7 min cold)
+#              the planner's own splits (28x28 runs its coarse pass on it), then
+#              benchmarks/register_bench.py $REG_ARGS against the plane kernel,
+#              forward and backward (~6 min cold)
 #   tileprofile  ncu occupancy, warp states, stall reasons and instruction counts of
 #              the tiled forward and backward at 8x128x512x512, L1 and L3 (~2 min)
 #
@@ -225,17 +226,19 @@ run_split() {
 }
 
 run_registers() {
-  echo "== register kernel: GPU tests (with the split tests), then register_bench.py"
+  echo "== register kernel: GPU tests (and the default split at 28x28), then register_bench.py"
   local rc=0
   WTCONV_TEST_GPU=1 WTCONV_TEST_KS=${TEST_KS} timeout 300 python3 -m pytest -q -x -n 8 \
-    -p no:cacheprovider -p no:benchmark -k "register or split" tests/gpu/test_gpu_kernels.py \
-    >"$OUT/register_tests.log" 2>&1 || rc=1
+    -p no:cacheprovider -p no:benchmark -k "register or split_is_the_default" \
+    tests/gpu/test_gpu_kernels.py >"$OUT/register_tests.log" 2>&1 || rc=1
   tail -n 5 "$OUT/register_tests.log"
   # shellcheck disable=SC2086  # REG_ARGS is a list of options
-  timeout 240 python3 benchmarks/register_bench.py --configs 64x768x7x7:2 64x192x28x28:4 \
+  timeout 150 python3 benchmarks/register_bench.py --configs 64x768x7x7:2 64x192x28x28:4 \
     ${REG_ARGS:-} --json "$OUT/register_bench.json" >"$OUT/register_bench.log" 2>&1 || rc=1
-  grep -v "^RegisterSpec\|^TileSpec\|^PlaneSpec\|^CoarseSpec\|^FinalizeSpec" \
-    "$OUT/register_bench.log" | cut -c1-600 | tail -n 20
+  timeout 100 python3 benchmarks/register_bench.py --backward --variants 128:255 \
+    --json "$OUT/register_bench_backward.json" >"$OUT/register_bench_backward.log" 2>&1 || rc=1
+  grep -hv "^RegisterSpec\|^TileSpec\|^PlaneSpec\|^CoarseSpec\|^FinalizeSpec" \
+    "$OUT/register_bench.log" "$OUT/register_bench_backward.log" | cut -c1-600 | tail -n 20
   return $rc
 }
 
