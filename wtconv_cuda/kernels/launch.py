@@ -635,12 +635,15 @@ class RegisterLaunch(NamedTuple):
         Blocks and threads per block (``ceil(B * C / block)`` blocks).
     shared_bytes : int
         Dynamic shared memory per block (the block's planes, in and out).
+    scalars : tuple of numpy.int64
+        The launch's int64 arguments after its pointers: ``B, C, has_bias``.
     """
 
     spec: RegisterSpec
     grid: int
     block: int
     shared_bytes: int
+    scalars: tuple = ()
 
 
 _PLANE_SHAPE_FIELDS = ("threads", "strip", "planes_per_block", "warp_sync", "tiles", "tile",
@@ -690,13 +693,14 @@ def plan_registers(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(
             return None
     elif pixels > REGISTER_FORCE_MAX_PIXELS:
         return None
-    threads = REGISTER_THREADS if tuning.registers is None or not tuning.threads else tuning.threads
+    # (by default no ``threads`` is set: it would have selected the other kernels)
+    threads = tuning.threads or REGISTER_THREADS
     if backward:
         batch = p.batch
         if batch % 32 or batch > REGISTER_BACKWARD_MAX_BATCH:
             return None
-        if tuning.registers is None or not tuning.threads:
-            threads = REGISTER_THREADS if REGISTER_THREADS % batch == 0 else batch
+        if not tuning.threads and REGISTER_THREADS % batch:
+            threads = batch
         if threads % batch:
             return None
     cap = REGISTER_BACKWARD_CAP if backward else REGISTER_KERNEL_CAP
@@ -707,7 +711,8 @@ def plan_registers(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(
     shared = register_shared_bytes(spec)
     if shared > shared_limit:
         return None
-    return RegisterLaunch(spec, -(-p.batch * p.channels // threads), threads, shared)
+    return RegisterLaunch(spec, -(-p.batch * p.channels // threads), threads, shared,
+                          _int64s(p.batch, p.channels, int(p.has_bias)))
 
 
 class SplitPlan(NamedTuple):
@@ -834,7 +839,7 @@ def _small_plane_tiles(p: Problem, c: int, shared_limit: int, tuning: Tuning, ba
         return None
     if tile_geometry(p.kernel_size, c, edge).read_amplification > TILE_MAX_READ:
         return None
-    threads = SPLIT_SMALL_TILE_THREADS.get(edge) if tuning.threads is None else tuning.threads
+    threads = tuning.threads or SPLIT_SMALL_TILE_THREADS.get(edge)
     return plan_tiles(p._replace(levels=c), shared_limit,
                       tuning._replace(tiles=True, tile=edge, threads=threads), backward)
 
@@ -1202,9 +1207,7 @@ def run_forward(backend, problem: Problem, x, y, weights: Weights,
     """
     registers = plan_registers(problem, backend.shared_limit, tuning)
     if registers is not None:
-        args = (x, y, *weights, *_int64s(problem.batch, problem.channels, int(problem.has_bias)))
-        backend.call(backend.kernel(registers.spec), registers.grid, registers.block, args,
-                     registers.shared_bytes)
+        _launch_registers(backend, registers, (x, y, *weights))
         return
     split = plan_split(problem, backend.shared_limit, tuning)
     if split is not None:
@@ -1222,6 +1225,12 @@ def run_forward(backend, problem: Problem, x, y, weights: Weights,
     scratch = backend.float32(launch.scratch_floats) if launch.scratch_floats else geo
     args = (x, y, x, *weights, geo, scratch, geo, *launch.header)
     backend.call(backend.kernel(launch.spec), launch.grid, launch.block, args, launch.shared_bytes)
+
+
+def _launch_registers(backend, launch: RegisterLaunch, arrays: tuple) -> None:
+    """Launch the register kernel on ``arrays`` (its pointers), then the plan's scalars."""
+    backend.call(backend.kernel(launch.spec), launch.grid, launch.block,
+                 (*arrays, *launch.scalars), launch.shared_bytes)
 
 
 def _coarse_weights(backend, buf, lay: CoarseLayout, problem: Problem, levels: int,
@@ -1341,10 +1350,7 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
     """
     registers = plan_registers(problem, backend.shared_limit, tuning, True)
     if registers is not None:
-        args = (dy, dx, x, *weights, *grads,
-                *_int64s(problem.batch, problem.channels, int(problem.has_bias)))
-        backend.call(backend.kernel(registers.spec), registers.grid, registers.block, args,
-                     registers.shared_bytes)
+        _launch_registers(backend, registers, (dy, dx, x, *weights, *grads))
         return
     split = plan_split(problem, backend.shared_limit, tuning, True)
     if split is not None:
