@@ -28,7 +28,9 @@ import cupy
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tile_bench import ITEMSIZE, copy_bandwidth, kernel_report, random_inputs  # noqa: E402
+from tile_bench import (  # noqa: E402
+    ITEMSIZE, as_float32, copy_bandwidth, kernel_report, random_inputs,
+)
 
 from wtconv_cuda._bench.core import CupyEventTimer, time_median  # noqa: E402
 from wtconv_cuda.kernels.launch import (  # noqa: E402
@@ -92,10 +94,10 @@ def main(argv=None) -> int:
             row["roofline"][name] = round(nbytes / bandwidth / (ms * 1e-3), 4)
             row["specs"][name] = [repr(s) for s in planned_specs(
                 p, args.backward, backend.shared_limit, backend.max_slots, tuning)]
-        ref = _as_float(outputs["plane"], p.storage)
+        ref = as_float32(outputs["plane"], p.storage)
         row["max_rel_diff"] = {}
         for name, y in outputs.items():
-            got = _as_float(y, p.storage)
+            got = as_float32(y, p.storage)
             assert bool(cupy.isfinite(got).all()), f"{name}: non-finite outputs"
             diff = float(cupy.abs(got - ref).max() / cupy.abs(ref).max())
             row["max_rel_diff"][name] = diff
@@ -108,12 +110,6 @@ def main(argv=None) -> int:
         with open(args.json, "w") as handle:
             json.dump({"bandwidth": bandwidth, "kernels": kernels, "rows": rows}, handle, indent=1)
     return 0
-
-
-def _as_float(y, storage):
-    if storage == "bfloat16":
-        return (y.astype(cupy.uint32) << 16).view(cupy.float32)
-    return y.astype(cupy.float32)
 
 
 if __name__ == "__main__":

@@ -207,8 +207,7 @@ def main():
             row["ms"][name] = round(ms, 4)
             row["roofline"][name] = round(nbytes / bandwidth / (ms * 1e-3), 4)
             forward(0)
-            out = y.astype(cupy.float32) if storage != "bfloat16" else (
-                (y.astype(cupy.uint32) << 16).view(cupy.float32))
+            out = as_float32(y, storage)
             if reference is None:
                 reference = out.copy()
             else:
@@ -234,12 +233,16 @@ def main():
     return 0
 
 
+def as_float32(v, storage):
+    """A float32 copy of a device array of ``storage`` (bfloat16: raw ``uint16`` bits)."""
+    if storage == "bfloat16":
+        return (v.astype(cupy.uint32) << 16).view(cupy.float32)
+    return v.astype(cupy.float32)
+
+
 def relative(a, b, storage):
     """Relative Frobenius difference of two device arrays of ``storage``."""
-    def f32(v):
-        return (v.astype(cupy.uint32) << 16).view(cupy.float32) if storage == "bfloat16" \
-            else v.astype(cupy.float32)
-    a, b = f32(a), f32(b)
+    a, b = as_float32(a, storage), as_float32(b, storage)
     return float(cupy.linalg.norm(a - b) / cupy.linalg.norm(b))
 
 
