@@ -389,15 +389,19 @@ def test_register_kernel_matches_oracle(shape, levels, k, stride, storage, bias,
 
 #: The register kernel's backward (and forward), through run_case: dx, every
 #: gradient, determinism. The ConvNeXt-T 7 x 7 stage's variants in float32 and
-#: bfloat16 (two channels per block), and float16 at stride 2 without bias.
-REGISTER_BACKWARD_CASES = [((64, 40, 7, 7), 2, 5, 1, s, True) for s in ("float32", "bfloat16")]
-REGISTER_BACKWARD_CASES += [((32, 6, 5, 6), 1, 3, 2, "float16", False)]
+#: bfloat16 (two channels per block), float16 at stride 2 without bias, and a
+#: batch of 96 (three warps per channel, a 96-thread block) at both register
+#: caps the planner has used (168 spills; 255 does not).
+REGISTER_BACKWARD_CASES = [((64, 40, 7, 7), 2, 5, 1, s, True, Tuning(registers=True))
+                           for s in ("float32", "bfloat16")]
+REGISTER_BACKWARD_CASES += [((32, 6, 5, 6), 1, 3, 2, "float16", False, Tuning(registers=True))]
+REGISTER_BACKWARD_CASES += [((96, 5, 7, 7), 2, 5, 1, "float32", True,
+                             Tuning(registers=True, max_registers=cap)) for cap in (168, 255)]
 REGISTER_BACKWARD_CASES = [c for c in REGISTER_BACKWARD_CASES if c[2] in KERNEL_SIZES]
 
 
-@pytest.mark.parametrize("shape,levels,k,stride,storage,bias", REGISTER_BACKWARD_CASES)
-def test_register_backward_matches_oracle(shape, levels, k, stride, storage, bias):
-    tuning = Tuning(registers=True)
+@pytest.mark.parametrize("shape,levels,k,stride,storage,bias,tuning", REGISTER_BACKWARD_CASES)
+def test_register_backward_matches_oracle(shape, levels, k, stride, storage, bias, tuning):
     problem = Problem(*shape, k, levels, stride, storage, bias)
     assert plan_registers(problem, backend().shared_limit, tuning, True) is not None
     run_case(shape, levels, k, stride, storage, bias=bias, tuning=tuning)

@@ -168,6 +168,9 @@ def test_backward_planner_rules():
     p = Problem(64, 768, 7, 7, 5, 2, 1, "float32", True)
     launch = plan_registers(p, LIMIT, Tuning(), True)
     assert (launch.block, launch.spec.backward, launch.grid) == (128, True, 64 * 768 // 128)
+    # dy, x and dx planes only: the warps' transpose tiles and sums reuse dx's area once it
+    # is stored, so three 128-thread blocks fit in an SM's 228 KB of shared memory
+    assert launch.shared_bytes == 4 * 3 * 128 * 49
     # the batch is a run-time value: B = 32 and 128 share the variant
     assert plan_registers(p._replace(batch=32), LIMIT, Tuning(), True).spec == launch.spec
     assert planned_specs(p, True, LIMIT, 264) == [launch.spec]

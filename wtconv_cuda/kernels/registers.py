@@ -49,7 +49,8 @@ from typing import NamedTuple
 
 from .codegen import STORAGE, _DivmodLoop, _Emitter, _emit_gradient_unfold, _load, _store
 
-#: Taps per reduction batch of the backward (one warp's lanes take one channel's).
+#: Taps per reduction batch of the backward: a warp transposes its lanes' sums of
+#: this many taps through shared memory, so it is the warp size.
 TAP_BATCH = 32
 #: Largest plane (``H * W``) the planner gives this kernel. At K 5 ptxas fits a
 #: 7 x 7 (L 2) or 8 x 8 (L 3) forward in 168 registers without spills (a
@@ -435,11 +436,13 @@ class BackwardLayout(NamedTuple):
     dy, x : int
         Every thread's plane of ``dy`` and of ``x`` (pitches :func:`plane_pitch`).
     work : int
-        First ``dx`` (staged for a coalesced store), then the reduction area:
-        `TAP_BATCH` rows of ``threads + 1`` per-thread tap sums.
+        First ``dx`` (staged for a coalesced store); then, per warp, a
+        `TAP_BATCH` x (`TAP_BATCH` + 1) transpose tile (tap ``i`` of lane ``m``
+        at ``i * 33 + m``).
     sums : int
-        The channel sums, ``ntaps`` for each of the block's (at most
-        ``threads / 32``) channels.
+        After the tiles (inside the ``dx`` area): ``ntaps`` warp sums for each
+        warp; after the final combine, a channel's sums are in the row of its
+        first warp.
     floats : int
         Size of the buffer.
     ntaps : int
@@ -469,10 +472,12 @@ def backward_layout(spec: RegisterSpec) -> BackwardLayout:
     H, W, S, T = spec.height, spec.width, spec.stride, spec.threads
     Ho, Wo = -(-H // S), -(-W // S)
     ntaps = spec.kernel_size ** 2 * (1 + 4 * spec.levels) + 1
+    warps = T // 32
     x = T * plane_pitch(Ho * Wo)
     work = x + T * plane_pitch(H * W)
-    sums = work + max(T * plane_pitch(H * W), TAP_BATCH * (T + 1))
-    return BackwardLayout(0, x, work, sums, sums + (T // 32) * ntaps, ntaps)
+    sums = work + warps * TAP_BATCH * (TAP_BATCH + 1)
+    end = max(work + T * plane_pitch(H * W), sums + warps * ntaps)
+    return BackwardLayout(0, x, work, sums, end, ntaps)
 
 
 def register_backward_source(spec: RegisterSpec) -> str:
@@ -494,9 +499,11 @@ def register_backward_source(spec: RegisterSpec) -> str:
        with ``x``), the bias (the sum of ``dy``), then each level's four
        subbands (the raw pyramids of ``dy`` and ``x`` correlated, times
        ``4**-j``), recomputing the pyramids it needs from the staged planes.
-       The sums go to the reduction area in batches of `TAP_BATCH` taps;
-       after each batch, thread ``i`` adds tap ``i % 32`` of channel ``i //
-       32`` over the channel's ``B`` planes, in batch order (deterministic).
+       Each warp reduces its 32 planes' sums without a block barrier: lanes
+       write a batch of `TAP_BATCH` taps into the warp's transpose tile, and
+       after a ``syncwarp`` lane ``i`` adds tap ``i`` of the batch over the
+       warp's lanes in lane order. At the end the ``B / 32`` warp sums of a
+       channel are added in warp order (deterministic).
     4. The block unfolds its channels' sums into the gradients of the
        published parameters, as ``wtconv_finalize`` does
        (:func:`wtconv_cuda.kernels.codegen._emit_gradient_unfold`): no
@@ -553,8 +560,13 @@ def register_backward_source(spec: RegisterSpec) -> str:
         _emit_staging(e, "store", st, T, H * W, PX, lay.work, "dx")
         e("cuda.syncthreads()")
 
-        batch = _TapBatches(e, lay, T)
+        e("lane = t % 32", "warp = t // 32",
+          f"tile_in = {lay.work} + warp * {TAP_BATCH * (TAP_BATCH + 1)} + lane",
+          f"tile_out = {lay.work} + warp * {TAP_BATCH * (TAP_BATCH + 1)} + lane * {TAP_BATCH + 1}",
+          f"warp_sums = {lay.sums} + warp * ntaps + lane")
+        batch = _TapBatches(e)
         # base taps: dy correlated with x; the bias: the sum of dy
+        batch.reserve(K2)
         e("if nvalid > 0:")
         with e.indent():
             xv = _Values((H, W))
@@ -568,6 +580,7 @@ def register_backward_source(spec: RegisterSpec) -> str:
                         e(f"bd{r}_{col} = {dy_at(r, col)}")
             for t in range(K2):
                 batch.add(_correlation(e, f"g0_{t}", dv, xv, t // K - P, t % K - P))
+        batch.reserve(1)
         e("if nvalid > 0:")
         with e.indent():
             terms = [dv.get(r, col) for r in range(H) for col in range(W)]
@@ -575,6 +588,7 @@ def register_backward_source(spec: RegisterSpec) -> str:
         # level taps: the raw pyramids of dy and x, recomputed per subband
         for j in range(1, L + 1):
             for k in range(4):
+                batch.reserve(K2)
                 e("if nvalid > 0:")
                 with e.indent():
                     _, gbands = _emit_pyramid(e, f"pd{j}{k}_", sizes, dy_at, j)
@@ -587,41 +601,58 @@ def register_backward_source(spec: RegisterSpec) -> str:
                             v = f"g{j}_{k}_{t}s"
                         batch.add(v)
         batch.flush()
-        e("cb = q0 // B", "tu = t  # the unfold below names its taps t")
+        # a channel's warp sums, added in warp order into its first warp's row
+        e("cuda.syncthreads()", "nw = B // 32", "run_row = nw * ntaps",
+          f"for idx in range(t, runs * ntaps, {T}):")
+        with e.indent():
+            e("at = {} + (idx // ntaps) * run_row + idx % ntaps".format(lay.sums),
+              "tot = S[at]", "for m in range(1, nw):", "    tot += S[at + m * ntaps]",
+              "S[at] = tot")
+        e("cuda.syncthreads()", "cb = q0 // B", "tu = t  # the unfold below names its taps t")
         _emit_gradient_unfold(e, K, st, "tu", T, "runs", run_channel="cb + run",
                               run_valid="q0 + run * B < nplanes",
-                              gsum=lambda tt: f"S[{lay.sums} + run * ntaps + {tt}]")
+                              gsum=lambda tt: f"S[{lay.sums} + run * run_row + {tt}]")
     return e.text()
 
 
 class _TapBatches:
-    """Per-thread tap sums into the reduction area, reduced per channel every
-    `TAP_BATCH` taps."""
+    """Per-thread tap sums into the warp's transpose tile, reduced over the warp every
+    `TAP_BATCH` taps (uses the names ``tile_in``, ``tile_out`` and ``warp_sums``)."""
 
-    def __init__(self, e: _Emitter, lay: BackwardLayout, threads: int) -> None:
-        self.e, self.lay, self.T = e, lay, threads
+    def __init__(self, e: _Emitter) -> None:
+        self.e = e
         self.first, self.count = 0, 0  # first tap of the open batch, taps in it
+
+    def reserve(self, taps: int) -> None:
+        """Flush the open batch now unless it can take ``taps`` more.
+
+        Called between groups of taps, where none of the last group's values
+        is live, so a group's taps share a batch when they fit (a flush inside
+        a group holds the tile's loads and the group's values at once). At 7 x
+        7, K 5, ptxas reported the same spills at a 168 cap with and without
+        it (352 B of stack); it costs one flush more there (9).
+        """
+        if self.count + taps > TAP_BATCH:
+            self.flush()
 
     def add(self, value: str) -> None:
         """Store this thread's sum of the next tap (``value``: a name or ``fz``)."""
-        self.e(f"S[{self.lay.work} + {self.count * (self.T + 1)} + t] = {value}")
+        self.e(f"S[tile_in + {self.count * (TAP_BATCH + 1)}] = {value}")
         self.count += 1
         if self.count == TAP_BATCH:
             self.flush()
 
     def flush(self) -> None:
-        """Barrier; thread ``i`` adds tap ``first + i % 32`` of channel ``i // 32`` over the
-        channel's ``B`` planes; barrier."""
+        """Warp barrier; lane ``i`` adds tap ``first + i`` over the warp's 32 lanes, in lane
+        order, into the warp's sums; warp barrier (the tile is written again next)."""
         if not self.count:
             return
-        e, T = self.e, self.T
-        e("cuda.syncthreads()", f"slot = t % {TAP_BATCH}", f"run = t // {TAP_BATCH}",
-          f"if slot < {self.count} and run < runs:")
+        e = self.e
+        e("cuda.syncwarp()", f"if lane < {self.count}:")
         with e.indent():
-            e("tot = fz", f"row = {self.lay.work} + slot * {T + 1} + run * B",
-              "for m in range(B):", "    tot += S[row + m]",
-              f"S[{self.lay.sums} + run * ntaps + {self.first} + slot] = tot")
-        e("cuda.syncthreads()")
+            terms = " + ".join(f"S[tile_out + {m}]" for m in range(TAP_BATCH))
+            e(f"S[warp_sums + {self.first}] = {terms}")
+        e("cuda.syncwarp()")
         self.first += self.count
         self.count = 0
 
