@@ -485,7 +485,8 @@ def test_cupy_event_timer_drives_time_median():
 
 
 def test_event_timers_record_reserved_events():
-    """time_median reserves its marks ahead: no event is created inside a timed call."""
+    """time_median reserves its marks ahead: no event is created, and no stream looked up,
+    inside a timed call."""
     import types
 
     from wtconv_cuda._bench.core import CudaEventTimer, CupyEventTimer, time_median
@@ -507,8 +508,10 @@ def test_event_timers_record_reserved_events():
     def fn():
         events_during_calls.append(len(created))
 
+    stream_lookups = []
     fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
-        Event=Event, current_stream=lambda device: None, synchronize=lambda device: None))
+        Event=Event, current_stream=lambda device: stream_lookups.append(device),
+        synchronize=lambda device: None))
     fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(
         Event=Event, Device=lambda: types.SimpleNamespace(synchronize=lambda: None),
         get_elapsed_time=lambda a, b: 1.0))
@@ -519,3 +522,4 @@ def test_event_timers_record_reserved_events():
         assert timing.runs == 7
         assert len(created) == 14  # all made before the first timed call
         assert set(events_during_calls[2:]) == {14}
+    assert len(stream_lookups) == 1  # when the torch timer was made, not per mark

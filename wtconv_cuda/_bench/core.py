@@ -383,19 +383,28 @@ class CudaEventTimer:
 
     Marks are recorded without synchronising, so consecutive runs queue
     back to back and the host's launch cost is hidden behind the GPU work
-    of earlier runs (host cost is measured separately, end to end).
+    of earlier runs (host cost is measured separately, end to end). A call
+    that the GPU finishes before the host issues the next one is timed by
+    the host: the interval then holds the call's host time and whatever the
+    stop mark does before its record reaches the stream, so a mark only
+    records (the stream is looked up when the timer is made, the events by
+    :meth:`reserve`): ``torch.cuda.current_stream(device)`` costs
+    microseconds of host time, which a short host-bound call would otherwise
+    be charged (``benchmarks/NOTES.md``, twelfth session).
 
     Parameters
     ----------
     torch : module
         The ``torch`` module.
     device : torch.device or None
-        The CUDA device (default: the current one).
+        The CUDA device (default: the current one). Its stream current when
+        the timer is made is the one timed.
     """
 
     def __init__(self, torch, device=None):
         self._torch = torch
         self._device = device
+        self._stream = torch.cuda.current_stream(device)
         self._spare: list = []
 
     def reserve(self, n: int) -> None:
@@ -409,10 +418,10 @@ class CudaEventTimer:
             self._spare.append(self._torch.cuda.Event(enable_timing=True))
 
     def mark(self):
-        """Record a timing event on the current stream and return it (a reserved one
+        """Record a timing event on the timer's stream and return it (a reserved one
         when there is one)."""
         event = self._spare.pop() if self._spare else self._torch.cuda.Event(enable_timing=True)
-        event.record(self._torch.cuda.current_stream(self._device))
+        event.record(self._stream)
         return event
 
     def sync(self) -> None:
