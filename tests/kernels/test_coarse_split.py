@@ -110,24 +110,36 @@ def test_planner_splits_deep_levels_on_large_planes():
 
 
 def test_planner_splits_convnext_stages_with_one_tile_per_plane():
-    """Default forward on planes no larger than a tile: L >= 4, one tile of the next power
-    of two that wastes little, a large enough problem."""
+    """Default forward on planes no larger than a tile: one tile of the next power of two
+    that wastes little, a large enough problem; L >= 4 and c = 2 for 32 and 64 tiles, L >= 3
+    and c = 1 for 16 tiles (32 threads, strip 2)."""
     plan = plan_split(Problem(64, 96, 56, 56, 5, 5, 1, "float32", True), LIMIT)
     assert plan.split == 2 and plan.tiles.spec.tile == 64 and plan.tiles.ntiles == 1
     assert plan.coarse == Problem(64, 96, 14, 14, 5, 3, 1, "float32", False)
     plan = plan_split(Problem(64, 192, 28, 28, 5, 4, 1, "bfloat16", True), LIMIT)
     assert plan.split == 2 and plan.tiles.spec.tile == 32 and plan.tiles.ntiles == 1
     assert plan.coarse == Problem(64, 192, 7, 7, 5, 2, 1, "float32", False)
+    plan = plan_split(Problem(64, 384, 14, 14, 5, 3, 1, "float32", True), LIMIT)
+    assert plan.split == 1 and plan.tiles.ntiles == 1
+    spec = plan.tiles.spec
+    assert (spec.tile, spec.threads, spec.strip, spec.levels) == (16, 32, 2, 1)
+    assert plan.coarse == Problem(64, 384, 7, 7, 5, 2, 1, "float32", False)
+    assert plan_split(Problem(2048, 8, 16, 16, 3, 4, 1, "float32", True), LIMIT).split == 1
+    # the 56 x 56 stage's coarse problem: too few planes for a split at 1 (it would fill
+    # 48 register-kernel blocks)
+    assert plan_split(Problem(64, 96, 14, 14, 5, 3, 1, "float32", False), LIMIT) is None
     # not the backward: its work buffers cost more memory than its 2-19% of speed is worth
     for problem in [Problem(64, 96, 56, 56, 5, 5, 1, "float32", True),
                     Problem(64, 192, 28, 28, 5, 4, 1, "bfloat16", True)]:
         assert plan_split(problem, LIMIT, backward=True) is None
     assert plan_split(Problem(64, 96, 56, 56, 9, 5, 1, "float32", True), LIMIT).split == 2
-    for problem in [Problem(64, 384, 14, 14, 5, 3, 1, "float32", True),  # L 3
+    for problem in [Problem(64, 192, 28, 28, 5, 3, 1, "float32", True),  # L 3 on a 32 tile
+                    Problem(64, 384, 14, 14, 5, 2, 1, "float32", True),  # L 2 on a 16 tile
                     Problem(64, 768, 7, 7, 5, 2, 1, "float32", True),
                     Problem(64, 96, 40, 40, 5, 5, 1, "float32", True),  # a 64 tile wastes 2.6x
                     Problem(1, 8, 56, 56, 5, 5, 1, "float32", True),  # too small a problem
-                    Problem(512, 8, 16, 16, 3, 4, 1, "float32", True),  # tile below 32
+                    Problem(512, 8, 8, 8, 3, 4, 1, "float32", True),  # no rule for 8 tiles
+                    Problem(64, 384, 14, 14, 7, 3, 1, "float32", True),  # halo: 3.1 reads
                     Problem(64, 192, 28, 28, 7, 4, 1, "float32", True),  # halo: 3.1 reads
                     Problem(64, 96, 56, 56, 5, 5, 1, "float32", True)._replace(stride=2)]:
         assert plan_split(problem, LIMIT) is None, problem

@@ -469,28 +469,57 @@ TILE_MIN_PIXELS = 128 * 128
 #: fp32 on an H200, a split at 2 beat one at 3 by 17-20% (forward, L 4 and 5)
 #: and 40% (backward, L 5), and one at 1 by 5-50% (``tile_bench.py --splits``).
 SPLIT_FINE_LEVELS = 2
-#: Planes no larger than a tile split by default from this many levels on, with
-#: one tile (the next power of two) per plane where that wastes at most
-#: `SPLIT_MAX_WASTE` of the tile's pixels: at 64 x 96 x 56 x 56, L 5 the forward
-#: took 0.268 ms against the plane kernel's 0.386 and the backward 0.856
-#: against 1.058; at 64 x 192 x 28 x 28, L 4, 0.253 against 0.281 and 0.589
-#: against 0.609 (fp32). At 14 x 14, L 3 the plane kernel stays 2x faster.
+
+
+class SmallTileSplit(NamedTuple):
+    """How a plane no larger than one tile splits its forward by default.
+
+    Attributes
+    ----------
+    level : int
+        The split level ``c`` (capped at ``L - 1``).
+    min_levels : int
+        Least ``L`` that splits.
+    threads : int
+        Threads of the tile's block (0: `TILE_THREADS`).
+    strip : int
+        The tile's output-phase strip (0: the tile kernel's default).
+    min_pixels : int
+        Least problem size, in pixels (0: `SPLIT_MIN_PIXELS`).
+    """
+
+    level: int
+    min_levels: int
+    threads: int = 0
+    strip: int = 0
+    min_pixels: int = 0
+
+
+#: Planes no larger than a tile split their forward by default, with one tile
+#: (the next power of two) per plane, by that tile's edge; the coarse planes
+#: land on the register kernel (7 x 7 at the ConvNeXt-T stages) or on tiles.
+#: Measured on an H200, fp32, K 5, forward (plane kernel -> split):
+#:
+#: - 64 x 96 x 56 x 56, L 5, 64 tile, c 2: 0.386 -> 0.268 ms (64 threads: 0.310);
+#: - 64 x 192 x 28 x 28, L 4, 32 tile, c 2: 0.281 -> 0.175 ms with 64 threads
+#:   (0.235 with 128);
+#: - 64 x 384 x 14 x 14, L 3, 16 tile, c 1: 0.145 -> 0.119 ms with 32 threads
+#:   and strip 2 (strip 4: 0.128; 64 threads: 0.141-0.159; c 2: 0.156). With a
+#:   quarter of the planes (64 x 96 x 14 x 14, the 56 x 56 stage's coarse
+#:   problem) the split was slower, 0.043 -> 0.054 ms: its 6,144 coarse planes
+#:   fill 48 register-kernel blocks on 132 multiprocessors. Hence its
+#:   ``min_pixels``.
+#:
 #: Only the forward: the backward's float32 work buffers (the pooled ``x`` and
 #: ``dy``, one partial per tile) raised peak training memory at the ConvNeXt-T
 #: stages from 1.04x to 1.14-1.50x depthwise 7x7.
-SPLIT_MIN_LEVELS = 4
+SPLIT_SMALL_TILES = {16: SmallTileSplit(1, 3, 32, 2, min_pixels=1 << 22),
+                     32: SmallTileSplit(2, 4, 64), 64: SmallTileSplit(2, 4)}
+#: ... where the tile wastes at most this fraction of its pixels ...
 SPLIT_MAX_WASTE = 1.35
-#: ... and where the tile is at least this large (the measured ones: 32 and
-#: 64) and the problem has at least `SPLIT_MIN_PIXELS` pixels: a split issues
-#: three to five launches (~7 us of host time each) where the plane kernel
-#: issues one or two.
-SPLIT_MIN_TILE = 32
+#: ... and the problem has at least this many pixels: a split issues three to
+#: five launches (~7 us of host time each) where the plane kernel issues one or two.
 SPLIT_MIN_PIXELS = 1 << 20
-#: Threads of such a plane's tile, by tile edge (else `TILE_THREADS`): at
-#: 64 x 192 x 28 x 28, L 4 on an H200 a 32-pixel tile with 64 threads took
-#: 0.175 ms, with 128 0.235 ms; a 64-pixel tile (56 x 56) is best at 128
-#: (0.268 ms, 0.310 with 64).
-SPLIT_SMALL_TILE_THREADS = {32: 64}
 
 
 class TileLaunch(NamedTuple):
@@ -765,11 +794,11 @@ def plan_split(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
     levels with the result. By default a stride-1 pass splits where
     :func:`plan_tiles` does not take it whole but takes it at ``c <=``
     `SPLIT_FINE_LEVELS` levels (the largest such ``c``), and on planes no
-    larger than a tile (`TILE_EDGE`) the forward from `SPLIT_MIN_LEVELS` levels on, at
-    `SPLIT_FINE_LEVELS`, with one tile per plane when that tile is at least
-    `SPLIT_MIN_TILE`, wastes at most `SPLIT_MAX_WASTE` of its pixels and
-    keeps its halo within `TILE_MAX_READ`, in problems of at least
-    `SPLIT_MIN_PIXELS` pixels. ``tuning.split`` forces a split.
+    larger than a tile (`TILE_EDGE`) the forward as `SPLIT_SMALL_TILES` says
+    for the plane's tile, when that tile wastes at most `SPLIT_MAX_WASTE` of
+    its pixels and keeps its halo within `TILE_MAX_READ`, in problems large
+    enough (`SPLIT_MIN_PIXELS` unless the rule says more). ``tuning.split``
+    forces a split.
 
     Parameters
     ----------
@@ -806,11 +835,11 @@ def plan_split(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
         if fine is not None:
             break
     else:
-        c = min(p.levels - 1, SPLIT_FINE_LEVELS)
-        fine = None if tuning.split is not None else _small_plane_tiles(p, c, shared_limit,
+        small = None if tuning.split is not None else _small_plane_tiles(p, shared_limit,
                                                                          tuning, backward)
-        if fine is None:
+        if small is None:
             return None
+        c, fine = small
     fine = fine._replace(spec=fine.spec._replace(coarse=True))
     coarse = Problem(p.batch, p.channels, -(-p.height >> c), -(-p.width >> c), p.kernel_size,
                      p.levels - c, 1, "float32", False)
@@ -828,22 +857,27 @@ def plan_split(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
     return SplitPlan(c, spec, grid, layout, coarse, fine, out, scalars)
 
 
-def _small_plane_tiles(p: Problem, c: int, shared_limit: int, tuning: Tuning, backward: bool):
-    """The tiles of a default split forward on a plane no larger than a tile, or None."""
-    if backward or tuning.tiles is not None or tuning.tile or p.levels < SPLIT_MIN_LEVELS:
-        return None
-    if p.batch * p.channels * p.height * p.width < SPLIT_MIN_PIXELS:
+def _small_plane_tiles(p: Problem, shared_limit: int, tuning: Tuning, backward: bool):
+    """``(c, tiles)`` of a default split forward on a plane no larger than a tile, or None."""
+    if backward or tuning.tiles is not None or tuning.tile:
         return None
     edge = 1 << (max(p.height, p.width) - 1).bit_length()
-    if not max(SPLIT_MIN_TILE, 2 ** c) <= edge <= TILE_EDGE:
+    rule = SPLIT_SMALL_TILES.get(edge)
+    if rule is None or p.levels < rule.min_levels:
         return None
+    if p.batch * p.channels * p.height * p.width < (rule.min_pixels or SPLIT_MIN_PIXELS):
+        return None
+    c = min(p.levels - 1, rule.level)
     if edge * edge > SPLIT_MAX_WASTE * p.height * p.width:
         return None
     if tile_geometry(p.kernel_size, c, edge).read_amplification > TILE_MAX_READ:
         return None
-    threads = tuning.threads or SPLIT_SMALL_TILE_THREADS.get(edge)
-    return plan_tiles(p._replace(levels=c), shared_limit,
-                      tuning._replace(tiles=True, tile=edge, threads=threads), backward)
+    threads = tuning.threads or rule.threads or None
+    strip = tuning.strip or rule.strip or None
+    fine = plan_tiles(p._replace(levels=c), shared_limit,
+                      tuning._replace(tiles=True, tile=edge, threads=threads, strip=strip),
+                      backward)
+    return None if fine is None else (c, fine)
 
 
 class CupyBackend:
