@@ -418,6 +418,53 @@ def test_module_eager_path_takes_the_parameters_directly_bitwise_equal_to_the_op
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("levels,autocast", [(2, None), (0, None), (3, torch.bfloat16)])
+def test_module_without_gradients_skips_the_function_bitwise_equal(levels, autocast):
+    """Under no_grad, and when nothing requires grad, the module calls the forward without
+    the autograd Function: same output, bit for bit, and no graph."""
+    torch.manual_seed(6)
+    dtype = torch.float32 if autocast else torch.float64
+    layer = randomise(WTConv2d(4, 4, 5, wt_levels=levels, dtype=dtype), 5)
+    x = torch.randn(2, 4, 13, 11, dtype=dtype, requires_grad=True)
+    context = (torch.autocast("cpu", dtype=autocast) if autocast
+               else torch.autocast("cpu", enabled=False))
+    with context:
+        y = layer(x)
+        with torch.no_grad():
+            y_nograd = layer(x)
+        frozen = x.detach()
+        for p in layer.parameters():
+            p.requires_grad_(False)
+        y_frozen = layer(frozen)
+    assert type(y.grad_fn).__name__ == "_ModuleWTConvBackward"
+    for out in (y_nograd, y_frozen):
+        assert out.grad_fn is None and not out.requires_grad
+        assert out.dtype == y.dtype and torch.equal(out, y.detach())
+
+
+def test_module_with_a_parametrized_weight():
+    """A parametrized weight (not in its module's ``_parameters``) is read through the
+    attribute, as PyTorch computes it."""
+    from torch.nn.utils import parametrize
+
+    class Doubled(torch.nn.Module):
+        def forward(self, w):
+            return 2 * w
+
+    torch.manual_seed(7)
+    layer = randomise(WTConv2d(3, 3, 3, wt_levels=2, dtype=torch.float64), 3)
+    x = torch.randn(1, 3, 9, 8, dtype=torch.float64)
+    with torch.no_grad():
+        y_plain = layer(x)
+        halved = layer.wavelet_convs[1].weight / 2
+        layer.wavelet_convs[1].weight.copy_(halved)
+    parametrize.register_parametrization(layer.wavelet_convs[1], "weight", Doubled())
+    y = layer(x)
+    assert torch.allclose(y, y_plain, rtol=1e-12, atol=0)
+    y.sum().backward()
+    assert layer.wavelet_convs[1].parametrizations.weight.original.grad is not None
+
+
 @pytest.mark.parametrize("levels", [1, 3])
 def test_module_gradients_have_the_parameters_strides(levels):
     """The gradient layout contract (DistributedDataParallel's buckets rely on it)."""
