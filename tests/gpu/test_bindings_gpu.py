@@ -184,6 +184,23 @@ def test_module_path_bitwise_equal_to_the_ops(levels, bias, autocast):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("levels,autocast", [(2, None), (3, torch.bfloat16)], ids=str)
+def test_module_without_gradients_bitwise_equal(levels, autocast):
+    """Under no_grad the module skips the autograd Function: the same output, bit for bit,
+    on the stage shape whose forward runs on the register kernel (7 x 7) and a split one."""
+    for shape in [(64, 32, 7, 7), (64, 384, 14, 14)]:
+        layer = make_layer(shape[1], 5, levels, seed=9)
+        x = torch.randn(*shape, device=DEV, requires_grad=True)
+        context = (torch.autocast("cuda", dtype=autocast) if autocast
+                   else torch.autocast("cuda", enabled=False))
+        with context:
+            y = layer(x)
+            with torch.no_grad():
+                y_nograd = layer(x)
+        assert y.grad_fn is not None and y_nograd.grad_fn is None
+        assert y_nograd.dtype == y.dtype and torch.equal(y_nograd, y.detach())
+
+
 # ---------------------------------------------------------------------------
 # PyTorch: zero-copy, allocation, streams, synchronisation
 # ---------------------------------------------------------------------------
