@@ -34,3 +34,13 @@ def random_weights(rng, channels, kernel_size, levels, bias=True, dtype=np.float
         wavelet_weight=draw(levels, c, 4, k, k),
         wavelet_scale=draw(levels, c, 4),
     )
+
+
+def autocast_or_off(device_type, dtype):
+    """``torch.autocast(device_type, dtype=dtype)``, or autocast switched off when
+    ``dtype`` is None (so a test can run the same body both ways)."""
+    import torch
+
+    if dtype is None:
+        return torch.autocast(device_type, enabled=False)
+    return torch.autocast(device_type, dtype=dtype)

@@ -15,7 +15,7 @@ from wtconv_cuda.bindings.torch import (  # noqa: E402
     wtconv2d_fwd,
 )
 
-from ..conftest import random_weights  # noqa: E402
+from ..conftest import autocast_or_off, random_weights  # noqa: E402
 
 
 def as_torch(w: WTConvWeights, dtype=torch.float64, requires_grad=False) -> WTConvWeights:
@@ -389,8 +389,7 @@ def test_module_eager_path_takes_the_parameters_directly_bitwise_equal_to_the_op
     dtype = torch.float32 if autocast else torch.float64
     layer = randomise(WTConv2d(4, 4, 5, bias=bias, wt_levels=levels, dtype=dtype), 5)
     x = torch.randn(2, 4, 13, 11, dtype=dtype, requires_grad=True)
-    context = (torch.autocast("cpu", dtype=autocast) if autocast
-               else torch.autocast("cpu", enabled=False))
+    context = autocast_or_off("cpu", autocast)
 
     with context:
         y = layer(x)
@@ -426,8 +425,7 @@ def test_module_without_gradients_skips_the_function_bitwise_equal(levels, autoc
     dtype = torch.float32 if autocast else torch.float64
     layer = randomise(WTConv2d(4, 4, 5, wt_levels=levels, dtype=dtype), 5)
     x = torch.randn(2, 4, 13, 11, dtype=dtype, requires_grad=True)
-    context = (torch.autocast("cpu", dtype=autocast) if autocast
-               else torch.autocast("cpu", enabled=False))
+    context = autocast_or_off("cpu", autocast)
     with context:
         y = layer(x)
         with torch.no_grad():

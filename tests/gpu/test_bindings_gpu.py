@@ -36,6 +36,8 @@ from wtconv_cuda.bindings.torch import (  # noqa: E402
 )
 from wtconv_cuda.kernels.launch import CupyBackend, Problem, plan_plane  # noqa: E402
 
+from ..conftest import autocast_or_off  # noqa: E402
+
 DEV = torch.device("cuda", 0)
 #: dtype -> relative tolerance against the oracle on rounded inputs
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
@@ -160,8 +162,7 @@ def test_module_path_bitwise_equal_to_the_ops(levels, bias, autocast):
     one cat each) gives exactly what the ops give on kernel_weights()."""
     layer = make_layer(16, 5, levels, bias=bias, seed=7)
     x = torch.randn(3, 16, 29, 26, device=DEV, requires_grad=True)
-    context = (torch.autocast("cuda", dtype=autocast) if autocast
-               else torch.autocast("cuda", enabled=False))
+    context = autocast_or_off("cuda", autocast)
     with context:
         y = layer(x)
     assert type(y.grad_fn).__name__ == "_ModuleWTConvBackward"
@@ -191,8 +192,7 @@ def test_module_without_gradients_bitwise_equal(levels, autocast):
     for shape in [(64, 32, 7, 7), (64, 384, 14, 14)]:
         layer = make_layer(shape[1], 5, levels, seed=9)
         x = torch.randn(*shape, device=DEV, requires_grad=True)
-        context = (torch.autocast("cuda", dtype=autocast) if autocast
-                   else torch.autocast("cuda", enabled=False))
+        context = autocast_or_off("cuda", autocast)
         with context:
             y = layer(x)
             with torch.no_grad():
