@@ -814,7 +814,8 @@ class WTConv2d(nn.Module):
                     *(m.weight for m in self.wavelet_scale))
 
     def _forward_eager(self, x):
-        """The eager call: :class:`_ModuleWTConv` on the parameters (no per-parameter nodes)."""
+        """The eager call: :class:`_ModuleWTConv` on the parameters (no per-parameter nodes),
+        or, with nothing to differentiate, the forward without the autograd Function."""
         c, k, levels = self.in_channels, self.kernel_size, self.wt_levels
         has_bias = self.base_conv.bias is not None
         sizes = _common.check_layer(tuple(x.shape), (c, k, k), (c,) if has_bias else None, (c,),
