@@ -35,10 +35,12 @@ so the variants run in the state the benchmark leaves); last, a cProfile of
 from __future__ import annotations
 
 import argparse
-import cProfile
-import pstats
+import functools
+import itertools
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import cupy
 import torch
@@ -49,6 +51,9 @@ from wtconv_cuda._bench.measure import (
     MeasureOptions, Runtime, build_implementations, make_inputs, measure_config,
 )
 from wtconv_cuda.bench import find_materialising
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from forward_host_cost import print_profile  # noqa: E402
 
 
 class StreamPerMarkTimer(CudaEventTimer):
@@ -116,11 +121,8 @@ def main(argv=None) -> int:
         view_weights = wt.WTConvWeights(*(None if t is None else cupy.from_dlpack(t)
                                           for t in layer_weights))
 
-        def plain(x):
-            return wt.forward(x, own_weights)
-
-        def no_ctx(x):
-            return wt.forward(x, view_weights)
+        plain = functools.partial(wt.forward, w=own_weights)
+        no_ctx = functools.partial(wt.forward, w=view_weights)
 
         def plain_train(x, dy):
             tape = wt.Tape()
@@ -155,15 +157,9 @@ def main(argv=None) -> int:
                   f" | stream per mark {old.median_ms * 1e3:7.1f} us"
                   f" | cupy events {c.median_ms * 1e3:7.1f} us | host {host_us(fn, inputs):6.1f} us"
                   f" | queued {queued_us(fn, inputs):7.1f} us", flush=True)
-        profile = cProfile.Profile()
-        profile.enable()
-        name = "bench_train" if args.train else "bench"
-        fn, inputs = variants[name]
-        for i in range(300):
-            fn(*inputs[i % len(inputs)])
-        profile.disable()
-        torch.cuda.synchronize()
-        pstats.Stats(profile).sort_stats("tottime").print_stats(20)
+        fn, inputs = variants["bench_train" if args.train else "bench"]
+        turns = itertools.cycle(inputs)
+        print_profile(lambda: fn(*next(turns)), top=20)
     return 0
 
 

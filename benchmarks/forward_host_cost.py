@@ -58,6 +58,18 @@ def back_to_back_us(fn, calls=200):
     return (time.perf_counter() - start) / calls * 1e6
 
 
+def print_profile(call, calls=300, top=15):
+    """Run ``call()`` ``calls`` times under cProfile, wait for the GPU, print the ``top``
+    functions by their own time."""
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(calls):
+        call()
+    profile.disable()
+    cupy.cuda.Device().synchronize()
+    pstats.Stats(profile).sort_stats("tottime").print_stats(top)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", nargs="+", default=["64x768x7x7:2", "1x8x16x16:3"])
@@ -103,13 +115,7 @@ def main(argv=None) -> int:
               f"{per_call_events_us(raw):.1f}, wtconv_cuda.forward {per_call_events_us(api):.1f} "
               f"| back to back: run_forward {back_to_back_us(raw):.1f}, "
               f"wtconv_cuda.forward {back_to_back_us(api):.1f}", flush=True)
-        profile = cProfile.Profile()
-        profile.enable()
-        for _ in range(300):
-            api()
-        profile.disable()
-        cupy.cuda.Device().synchronize()
-        pstats.Stats(profile).sort_stats("tottime").print_stats(15)
+        print_profile(api)
     return 0
 
 
