@@ -101,6 +101,16 @@ def test_warmup_compiles_both_finalize_choices_of_each_backward():
         {s for s in backward if not s.fused_finalize}
 
 
+def test_warmup_lists_the_default_split_of_14x14_planes():
+    """The 16-pixel-tile split needs more pixels than the other split rules; warmup plans
+    with a problem large enough for it."""
+    from wtconv_cuda.kernels.warmup import variants
+
+    specs = variants([5], ["float32"], [1], [(14, 14)], levels=[3])
+    assert any(isinstance(s, TileSpec) and s.tile == 16 and s.coarse and s.levels == 1
+               for s in specs)
+
+
 TILE_SPECS = [TileSpec(k, storage, levels, tile, threads, strip, backward=backward)
               for k, storage, levels, (tile, threads, strip), backward
               in itertools.product((1, 3, 5), ("float32", "bfloat16"), (0, 1, 3),

@@ -21,13 +21,15 @@ from concurrent.futures import ProcessPoolExecutor
 
 from .codegen import STORAGE, FinalizeSpec, PlaneSpec
 from .launch import (
-    FINALIZE_THREADS, SPLIT_MIN_PIXELS, Problem, Tuning, plan_plane, plan_registers, plan_split,
-    plan_tiles, planned_specs,
+    FINALIZE_THREADS, SPLIT_MIN_PIXELS, SPLIT_SMALL_TILES, Problem, Tuning, plan_plane,
+    plan_registers, plan_split, plan_tiles, planned_specs,
 )
 from .registers import RegisterSpec
 
 DEFAULT_SHARED_LIMIT = 227 * 1024 - 1024  # H100/H200 opt-in limit, less a margin
 DEFAULT_SLOTS = 264
+#: Pixels of a problem large enough for every size rule of the planner's splits.
+LARGE_PIXELS = max(SPLIT_MIN_PIXELS, *(rule.min_pixels for rule in SPLIT_SMALL_TILES.values()))
 
 
 def variants(kernel_sizes, storages, strides, plane_sizes, levels=range(7),
@@ -37,7 +39,8 @@ def variants(kernel_sizes, storages, strides, plane_sizes, levels=range(7),
     The planner's choice depends on the batch size and channel count only
     through whether a backward block writes the gradients itself
     (``PlaneSpec.fused_finalize``) and whether a problem is large enough to
-    split (:data:`~wtconv_cuda.kernels.launch.SPLIT_MIN_PIXELS`), so a
+    split (:data:`~wtconv_cuda.kernels.launch.SPLIT_MIN_PIXELS`, or more for
+    some tile sizes: :data:`LARGE_PIXELS` covers them all), so a
     single-plane problem and a large one per combination of the options, plus
     the other finalize choice of each backward spec, cover them all. Where the planner runs a pass on tiles
     (:func:`~wtconv_cuda.kernels.launch.plan_tiles`), the tile spec is listed
@@ -73,8 +76,8 @@ def variants(kernel_sizes, storages, strides, plane_sizes, levels=range(7),
     for k, storage, stride, (h, w), lv, tuning in itertools.product(
             kernel_sizes, storages, strides, plane_sizes, levels, tunings):
         problem = Problem(1, 1, h, w, k, lv, stride, storage, True)
-        # a problem large enough for the planner's size rules (SPLIT_MIN_PIXELS)
-        large = problem._replace(batch=-(-SPLIT_MIN_PIXELS // (h * w)))
+        # a problem large enough for the planner's size rules
+        large = problem._replace(batch=-(-LARGE_PIXELS // (h * w)))
         # tiny planes: the register kernel (its backward needs B a multiple of 32; B is
         # a run-time value, and B up to 128 shares one variant)
         for registers in (plan_registers(problem, shared_limit, tuning),
