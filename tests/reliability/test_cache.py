@@ -64,17 +64,13 @@ def test_compiles_once_and_the_disk_cache_survives_a_restart(tmp_path):
     cache = tmp_path / "cache"
     first = run_scenario(cache, f"""
         spec = {SMALL}
-        t0 = time.perf_counter()
         path1, entry1 = compiler.cached_ptx(spec, (9, 0))
-        t1 = time.perf_counter()
         path2, entry2 = compiler.cached_ptx(spec, (9, 0))
-        t2 = time.perf_counter()
         out.update(calls=calls, same_path=path1 == path2, same_entry=entry1 == entry2,
-                   path=str(path1), entry=entry1, first_s=t1 - t0, second_s=t2 - t1)
+                   path=str(path1), entry=entry1)
     """)
-    assert len(first["calls"]) == 1, first["calls"]
+    assert len(first["calls"]) == 1, first["calls"]  # the second call compiled nothing
     assert first["same_path"] and first["same_entry"]
-    assert first["second_s"] < first["first_s"]
     files = cache_files(cache)
     assert sorted(files) == sorted([Path(first["path"]).name,
                                     Path(first["path"]).with_suffix(".entry").name])
@@ -128,7 +124,7 @@ def test_compile_failure_raises_compile_error_quickly(tmp_path):
     """A variant whose generated code does not type-check raises CompileError naming the
     variant and the architecture, instead of hanging, and leaves no cache entry."""
     cache = tmp_path / "cache"
-    start = time.monotonic()
+    # a hang fails the test through the scenario's subprocess timeout
     out = run_scenario(cache, """
         def broken(spec):
             return ("def wtconv_finalize(part, w0, b0, s0, ww, ws, gw0, gb0, gs0, gww, gws, "
@@ -144,7 +140,6 @@ def test_compile_failure_raises_compile_error_quickly(tmp_path):
         import os
         out["files"] = os.listdir(compiler.cache_dir())
     """, timeout=120)
-    assert time.monotonic() - start < 120
     assert out.get("error") == "CompileError", out
     assert out["is_runtime_error"]
     assert "FinalizeSpec(kernel_size=3, storage='float32'" in out["message"]
