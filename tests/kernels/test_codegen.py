@@ -111,6 +111,23 @@ def test_warmup_lists_the_default_split_of_14x14_planes():
                for s in specs)
 
 
+def window_moves(source: str) -> list[str]:
+    """Assignments of one base-tap window register to another (``win_1 = win_3``)."""
+    return [ast.unparse(node) for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name)
+            and node.value.id.startswith("win_")]
+
+
+@pytest.mark.parametrize("k", [1, 3, 5, 7])
+def test_base_tap_window_turns_without_moves(k):
+    """The base taps' window rotates by renaming (the pair loop is unrolled): no register
+    copies, in the plane and the tile kernels."""
+    plane = plane_kernel_source(PlaneSpec(k, "float32", 1, 1, True, False, 32, 1, 0, 8, True))
+    tile = tile_kernel_source(TileSpec(k, "float32", 1, 16, 32, 2, backward=True))
+    assert "win_0" in plane and "win_0" in tile
+    assert window_moves(plane) == [] and window_moves(tile) == []
+
+
 TILE_SPECS = [TileSpec(k, storage, levels, tile, threads, strip, backward=backward)
               for k, storage, levels, (tile, threads, strip), backward
               in itertools.product((1, 3, 5), ("float32", "bfloat16"), (0, 1, 3),

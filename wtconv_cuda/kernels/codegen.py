@@ -899,17 +899,21 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
             e(f"fy = py + dy - {R}",
               f"grow = sb + src0 + (py & 1) * 2 * sph0 + ((py >> 1) + {R}) * sp0 + {R}",
               f"xrow = sb + xsrc0 + (fy & 1) * 2 * sph0 + ((fy >> 1) + {R}) * sp0 + {R}")
+
+            def odd_column(win) -> None:
+                e("# odd W: the last pair has no column W; x there must not meet its zero",
+                  "if (W & 1) != 0:")
+                with e.indent():
+                    e("m = W >> 1")
+                    ev = K - 1 - R
+                    e(f"{win(K - 1)} = S[xrow + {ev & 1} * sph0 + m + {ev >> 1}]",
+                      "g0 = S[grow + m]", "gsum += g0")
+                    for dx in range(K):
+                        e(f"acc_{dx} += {win(dx)} * g0")
+
             _emit_pair_window(e, K, lambda ev, m: f"xrow + {ev & 1} * sph0 + {m}{ev >> 1}",
-                              "grow + m", "grow + sph0 + m", "W >> 1")
-            e("# odd W: the last pair has no column W; x there must not meet its zero",
-              "if (W & 1) != 0:")
-            with e.indent():
-                e("m = W >> 1")
-                ev = K - 1 - R
-                e(f"win_{K - 1} = S[xrow + {ev & 1} * sph0 + m + {ev >> 1}]",
-                  "g0 = S[grow + m]", "gsum += g0")
-                for dx in range(K):
-                    e(f"acc_{dx} += win_{dx} * g0")
+                              lambda h, r: f"grow + {'sph0 + ' if h else ''}m + {r}", "W >> 1",
+                              after=odd_column)
             e("py += P")
         for dx in range(K):
             e(f"S[sb + p_off + tid * {K} + {dx}] = acc_{dx}")
@@ -974,28 +978,58 @@ def _emit_level_item_sums(e: _Emitter, K: int, base: str) -> None:
             e(f"S[{base} + (tid * 4 + {k}) * {K} + {dx}] = acc{k}_{dx}")
 
 
-def _emit_pair_window(e: _Emitter, K: int, x_at, g0: str, g1: str, pairs: str) -> None:
+def _emit_pair_window(e: _Emitter, K: int, x_at, g_at, pairs: str, after=None) -> None:
     """Base-tap correlations along one row, in column pairs ``(2m, 2m + 1)``.
 
-    Register ``win_n`` holds ``x`` at column ``2m + n - R`` (``n = 0..K``),
+    The window holds the ``K + 1`` values of ``x`` at columns ``2m + n - R``
+    (``n = 0..K``), column ``c`` (counted from the row's first window) in
+    register ``win_{c % (K + 1)}``; the loop over ``m`` is unrolled
+    ``(K + 1) / 2`` times, so the window turns by renaming, not by moves.
     ``x_at(ev, m)`` is the shared index of ``x`` at column ``2m + ev`` (``m``
-    is ``""`` for ``m = 0`` or ``"m + "``), ``g0`` and ``g1`` those of the
-    row's gradient at ``2m`` and ``2m + 1``. Adds into ``acc_0..acc_{K-1}``
-    (tap columns) and ``gsum``; every loaded ``x`` feeds ``K`` taps. Shared by
-    the plane and tile kernels' weight gradients.
+    is ``""`` for ``m = 0`` or ``"m + "``, the loop variable), ``g_at(h, r)``
+    that of the row's gradient at column ``2 (m + r) + h``. Adds into
+    ``acc_0..acc_{K-1}`` (tap columns) and ``gsum``, pair by pair; every loaded
+    ``x`` feeds ``K`` taps. ``after(win)``, if given, is emitted where the
+    row's pairs end, with ``win(n)`` the register holding column
+    ``2 * pairs + n - R``. Shared by the plane and tile kernels' weight
+    gradients.
     """
-    R = (K - 1) // 2
+    R, N = (K - 1) // 2, K + 1
+    period = N // 2
+
+    def window(r: int):
+        return lambda n: f"win_{(2 * r + n) % N}"
+
+    def step(r: int) -> None:
+        win = window(r)
+        for n in (K - 1, K):
+            e(f"{win(n)} = S[{x_at(n - R + 2 * r, 'm + ')}]")
+        e(f"g0 = S[{g_at(0, r)}]", f"g1 = S[{g_at(1, r)}]", "gsum += g0 + g1")
+        for dx in range(K):
+            e(f"acc_{dx} += {win(dx)} * g0 + {win(dx + 1)} * g1")
+
+    def tail(r: int) -> None:  # fewer than `period` pairs were left
+        if r == period - 1:
+            if after is not None:
+                after(window(r))
+            return
+        e(f"if m + {r} < {pairs}:")
+        with e.indent():
+            step(r)
+            tail(r + 1)
+        if after is not None:
+            e("else:")
+            with e.indent():
+                after(window(r))
+
     for n in range(K - 1):
         e(f"win_{n} = S[{x_at(n - R, '')}]")
-    e(f"for m in range({pairs}):")
+    e("m = 0", f"while m + {period} <= {pairs}:")
     with e.indent():
-        for n in (K - 1, K):
-            e(f"win_{n} = S[{x_at(n - R, 'm + ')}]")
-        e(f"g0 = S[{g0}]", f"g1 = S[{g1}]", "gsum += g0 + g1")
-        for dx in range(K):
-            e(f"acc_{dx} += win_{dx} * g0 + win_{dx + 1} * g1")
-        for n in range(K - 1):
-            e(f"win_{n} = win_{n + 2}")
+        for r in range(period):
+            step(r)
+        e(f"m += {period}")
+    tail(0)
 
 
 def _emit_block_window(e: _Emitter, K: int, xp: str, gp: str, count: str, phase: str,

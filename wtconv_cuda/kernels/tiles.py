@@ -669,7 +669,7 @@ def _emit_tile_weight_gradients(e: _Emitter, spec: TileSpec, geo: TileGeometry) 
             _emit_pair_window(
                 e, K, lambda ev, m: (f"xcol + {f'm * {pitch0} + ' if m else ''}"
                                      f"{(ev & 1) * 2 * ph0 + (ev >> 1) * pitch0}"),
-                f"gcol + m * {pitch0}", f"gcol + {2 * ph0} + m * {pitch0}", str(TS // 2))
+                lambda h, r: f"gcol + {h * 2 * ph0} + m * {pitch0} + {r * pitch0}", str(TS // 2))
         for d in range(K):
             e(f"S[{red} + tid * {K} + {d}] = acc_{d}")
         e("if tx == 0:", f"    S[{red + nit * K} + ch] = gsum")
