@@ -4,6 +4,7 @@ Warm-up calls compile and load the kernels first; ``ncu --launch-skip`` in
 ``scripts/device_check.sh`` skips them so only the measured pair is profiled.
 
     python benchmarks/ncu_target.py 64 96 56 56 5 5
+    python benchmarks/ncu_target.py 64 96 56 56 5 5 backward   # backward calls only
 """
 
 import sys
@@ -18,13 +19,15 @@ from wtconv_cuda.weights import WTConvWeights
 
 def main():
     b, c, h, w, levels, k = (int(v) for v in sys.argv[1:7])
+    backward_only = sys.argv[7:] == ["backward"]
     rng = np.random.default_rng(0)
     weights = wt.init_weights(c, k, levels, dtype=np.float32, seed=0)
     weights = WTConvWeights(*(None if a is None else cupy.asarray(a) for a in weights))
     x = cupy.asarray(rng.standard_normal((b, c, h, w)).astype(np.float32))
     dy = cupy.asarray(rng.standard_normal((b, c, h, w)).astype(np.float32))
-    for _ in range(2):  # warm-up, then the measured pair
-        wt.forward(x, weights)
+    for _ in range(4 if backward_only else 2):  # warm-up, then the measured launches
+        if not backward_only:
+            wt.forward(x, weights)
         wt.backward(wt.Saved(x, weights, levels, 1), dy)
     cupy.cuda.Device().synchronize()
     print(f"x bytes: {x.nbytes}")

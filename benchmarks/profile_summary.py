@@ -15,7 +15,8 @@ KEEP = ("Duration", "Registers Per Thread", "Dynamic Shared Memory Per Block", "
         "Issued Warp Per Scheduler", "No Eligible", "Active Warps Per Scheduler",
         "Eligible Warps Per Scheduler", "Warp Cycles Per Issued Instruction",
         "Compute (SM) Throughput", "Memory Throughput", "smsp__inst_executed.sum",
-        "l1tex__data_bank_conflicts", "smsp__sass_inst_executed_op", "dram__bytes")
+        "l1tex__data_bank_conflicts", "smsp__sass_inst_executed_op", "dram__bytes",
+        "smsp__thread_inst_executed_per_inst_executed", "smsp__inst_executed_op_branch")
 STALL = "smsp__average_warps_issue_stalled_"
 
 

@@ -37,6 +37,12 @@
 #              the planner's own splits (28x28 runs its coarse pass on it), then
 #              benchmarks/register_bench.py $REG_ARGS against the plane kernel,
 #              forward and backward (~6 min cold)
+#   ab         kernel-level A/B: benchmarks/kernel_bench.py (fp32) on the tree in
+#              $AB_BASE (e.g. made with `git archive REV | tar -x -C ab_base`)
+#              and on the working tree, alternately, twice each      (~6 min cold)
+#   bwdprofile the plane backward at the ConvNeXt-T stages 56, 28, 14: its time with
+#              phases cut out (benchmarks/backward_breakdown.py), then ncu
+#              instruction counts, lane use, occupancy and stalls     (~5 min cold)
 #   tileprofile  ncu occupancy, warp states, stall reasons and instruction counts of
 #              the tiled forward and backward at 8x128x512x512, L1 and L3 (~2 min)
 #
@@ -168,6 +174,21 @@ run_tune() {
   echo "== launch-shape sweep (benchmarks/tune.py ${TUNE_ARGS:-})"
   timeout 420 python3 benchmarks/tune.py --json "$OUT/tune.json" ${TUNE_ARGS:-} 2>&1 \
     | tee "$OUT/tune.log"
+}
+
+run_bwdprofile() {
+  echo "== the plane backward, phase by phase (fp32, K5)"
+  timeout 400 python3 benchmarks/backward_breakdown.py --json "$OUT/backward_breakdown.json" \
+    2>&1 | tee "$OUT/backward_breakdown.log"
+  local metrics="regex:smsp__average_warps_issue_stalled_.*_per_issue_active"
+  metrics+=",smsp__inst_executed.sum,smsp__thread_inst_executed_per_inst_executed.ratio"
+  metrics+=",smsp__sass_inst_executed_op_shared_ld.sum,smsp__sass_inst_executed_op_shared_st.sum"
+  metrics+=",smsp__inst_executed_op_branch.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum"
+  ncu_sections bwdprofile wtconv_plane ncu_target.py "64 96 56 56 5 5 backward" \
+    "64 192 28 28 4 5 backward" "64 384 14 14 3 5 backward" -- --section InstructionStats \
+    --metrics "$metrics"
+  tar czf "$OUT/bwdprofile.tgz" -C "$OUT" $(cd "$OUT" && ls bwdprofile_*.csv bwdprofile_*.err) \
+    && rm -f "$OUT"/bwdprofile_*.csv "$OUT"/bwdprofile_*.err
 }
 
 run_tileprofile() {
@@ -338,9 +359,47 @@ run_sanitizer() {
   if [ -x scripts/sanitizer.sh ]; then bash scripts/sanitizer.sh; else echo "no scripts/sanitizer.sh"; fi
 }
 
+run_ab() {
+  local base=${AB_BASE:?"set AB_BASE to a folder holding the base tree"}
+  base=$(cd "$base" && pwd) || return 1
+  echo "== A/B of kernel times: $base against the working tree"
+  local jobs configs=(56x56:5 28x28:4 14x14:3 7x7:2 256x256:3 512x512:5) rc=0 side round
+  local rest=${PYTHONPATH#"$PWD"}
+  rest=${rest#:}
+  local base_path="$base${rest:+:$rest}"
+  jobs=$(( $(nproc) / 2 )); [ "$jobs" -ge 1 ] || jobs=1
+  # Both trees' variants compile at once; the cache is keyed by source, so the
+  # kernels the trees share compile once. (`python -m` puts the current folder
+  # first on sys.path: the base runs from its own folder.)
+  (cd "$base" && PYTHONPATH=$base_path python3 -m wtconv_cuda.kernels.warmup \
+    --kernel-sizes 5 --strides 1 --storage float32 --configs "${configs[@]}" --jobs "$jobs") \
+    >"$OUT/ab_warmup_base.log" 2>&1 &
+  local pid=$!
+  python3 -m wtconv_cuda.kernels.warmup --kernel-sizes 5 --strides 1 --storage float32 \
+    --configs "${configs[@]}" --jobs "$jobs" >"$OUT/ab_warmup_new.log" 2>&1 || rc=1
+  wait $pid || rc=1
+  (
+    for round in 1 2; do
+      for side in base new; do
+        echo "-- $side, round $round"
+        if [ "$side" = base ]; then
+          (cd "$base" && PYTHONPATH=$base_path timeout 240 python3 \
+            benchmarks/kernel_bench.py --dtypes float32 --json "$OUT/ab_${side}_$round.json") \
+            || rc=1
+        else
+          timeout 240 python3 benchmarks/kernel_bench.py --dtypes float32 \
+            --json "$OUT/ab_${side}_$round.json" || rc=1
+        fi
+      done
+    done
+    exit $rc
+  ) 2>&1 | tee "$OUT/ab.log" || rc=1
+  return $rc
+}
+
 for phase in "${phases[@]}"; do
   case "$phase" in
-    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|torchstep|stepprofile|tiles|tileprofile|split|registers)
+    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|torchstep|stepprofile|tiles|tileprofile|split|registers|ab|bwdprofile)
       "run_$phase" || status=1 ;;
     *) echo "unknown phase: $phase"; status=2 ;;
   esac
