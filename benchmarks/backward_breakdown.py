@@ -38,9 +38,9 @@ import numpy as np
 import cupy
 
 import wtconv_cuda as wt
-from wtconv_cuda._bench.core import CupyEventTimer, time_median
 from wtconv_cuda.kernels import codegen, compiler, launch
-from wtconv_cuda.weights import WTConvWeights
+
+from kernel_bench import cuda_time, device_weights  # a sibling script: benchmarks/ is on sys.path
 
 CONFIGS = [(64, 96, 56, 56, 5), (64, 192, 28, 28, 4), (64, 384, 14, 14, 3)]  # K = 5
 
@@ -123,14 +123,14 @@ def compile_variants(names, jobs: int) -> None:
 
 
 def time_backward(cfg, rng):
+    """Median ms of the backward at ``cfg``, on inputs and weights made as
+    ``kernel_bench.py`` makes them."""
     b, c, h, w, levels = cfg
-    weights = wt.init_weights(c, 5, levels, dtype=np.float32, seed=0)
-    weights = WTConvWeights(*(None if a is None else cupy.asarray(a) for a in weights))
+    weights = device_weights(c, 5, levels, np.float32, rng)
     xs = [cupy.asarray(rng.standard_normal((b, c, h, w)).astype(np.float32)) for _ in range(3)]
     dys = [cupy.asarray(rng.standard_normal((b, c, h, w)).astype(np.float32)) for _ in range(3)]
     saved = [wt.Saved(x, weights, levels, 1) for x in xs]
-    return time_median(lambda s, dy: wt.backward(s, dy), list(zip(saved, dys)),
-                       CupyEventTimer(cupy), 30, 3).median_ms
+    return cuda_time(lambda s, dy: wt.backward(s, dy), list(zip(saved, dys)))
 
 
 def main():

@@ -363,7 +363,10 @@ run_ab() {
   local base=${AB_BASE:?"set AB_BASE to a folder holding the base tree"}
   base=$(cd "$base" && pwd) || return 1
   echo "== A/B of kernel times: $base against the working tree"
-  local jobs configs=(56x56:5 28x28:4 14x14:3 7x7:2 256x256:3 512x512:5) rc=0 side round
+  local jobs configs rc=0 side round
+  # the plane sizes and levels kernel_bench.py times, as warmup's HxW:L
+  read -ra configs < <(cd benchmarks && python3 -c 'from kernel_bench import CONFIGS
+print(*sorted({f"{h}x{w}:{lv}" for _, _, h, w, lv, _ in CONFIGS}))')
   local rest=${PYTHONPATH#"$PWD"}
   rest=${rest#:}
   local base_path="$base${rest:+:$rest}"
