@@ -332,6 +332,25 @@ def test_fused_finalize_matches_two_launches(shape, levels, k, stride, storage):
         assert bool(cupy.array_equal(a, b))
 
 
+#: Stride-1 backwards on the plane kernel: odd planes of every level count's
+#: kind, and the ConvNeXt-T 56 x 56 and 14 x 14 stages' launch shapes.
+DX_CASES = [((2, 3, 17, 23), 3, k, 1) for k in KERNEL_SIZES]
+DX_CASES += [((3, 4, 56, 56), 5, 5, 1), ((4, 6, 14, 14), 3, 5, 1), ((2, 3, 9, 6), 0, 3, 1)]
+DX_CASES = [case for case in DX_CASES if case[2] in KERNEL_SIZES]
+
+
+@pytest.mark.parametrize("storage", list(DTYPES))
+@pytest.mark.parametrize("shape,levels,k,stride", DX_CASES)
+def test_dx_in_the_plane_kernel_or_the_forward(shape, levels, k, stride, storage):
+    """A stride-1 backward with dx from the forward kernels (the plane kernel for the weight
+    gradients alone) and the plane kernel doing both both pass the oracle; the weight
+    gradients are bit for bit the same (same pyramids, same sums)."""
+    _, forward_grads = run_case(shape, levels, k, stride, storage, tuning=Tuning(dx_forward=True))
+    _, plane_grads = run_case(shape, levels, k, stride, storage, tuning=Tuning(dx_forward=False))
+    for a, b in zip(forward_grads, plane_grads):
+        assert bool(cupy.array_equal(a, b))
+
+
 #: Two 16-thread planes per warp (warp barriers shared by both), 16 planes per
 #: block: small planes, ragged plane counts, stride 2, and the ConvNeXt-T 7x7
 #: and 14x14 stage planes with the tune sweep's strips.

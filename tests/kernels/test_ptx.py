@@ -60,6 +60,16 @@ SPECS = textwrap.dedent("""
               RegisterSpec(3, "bfloat16", 3, 4, 1, 2, 64, 255, backward=True)]
     # The tiles of a ConvNeXt-T 28 x 28 split: 32-pixel tiles of 64 threads.
     specs += [TileSpec(5, "float32", 2, 32, 64, 4, 128, coarse=True)]
+    # The stride-1 backward: the weight gradients alone (the ConvNeXt-T 56 x 56 and
+    # 14 x 14 launch shapes, shared memory and scratch), and the filters flipped for dx.
+    specs += [PlaneSpec(5, storage, 1, 1, True, scratch, threads, strip, 128, group, sync,
+                        fused, weights_only=True)
+              for storage in STORAGE for scratch in (False, True)
+              for (threads, strip, group, sync, fused) in ((128, 4, 1, False, False),
+                                                           (32, 1, 8, True, True))
+              if not (scratch and storage == "float16")]
+    from wtconv_cuda.kernels.flip import FlipSpec
+    specs += [FlipSpec(k, storage) for k in (1, 5) for storage in STORAGE]
 """)
 
 
@@ -119,8 +129,9 @@ def spec_from_repr(text: str):
     from wtconv_cuda.kernels.coarse import CoarseOutSpec, CoarseSpec
     from wtconv_cuda.kernels.registers import RegisterSpec
     from wtconv_cuda.kernels.tiles import TileSpec
+    from wtconv_cuda.kernels.flip import FlipSpec
     return eval(text, {"FinalizeSpec": FinalizeSpec, "PlaneSpec": PlaneSpec,
-                       "TileSpec": TileSpec, "CoarseSpec": CoarseSpec,
+                       "TileSpec": TileSpec, "CoarseSpec": CoarseSpec, "FlipSpec": FlipSpec,
                        "CoarseOutSpec": CoarseOutSpec, "RegisterSpec": RegisterSpec})
 
 

@@ -168,8 +168,42 @@ def test_fused_finalize_matches_two_launches(rng, threads, batch_chunk, group, s
         np.testing.assert_array_equal(fused_array, two_launch_array)
 
 
-@pytest.mark.parametrize("shared_limit", [227 * 1024, 0])
-def test_work_buffers_match_requests(rng, shared_limit):
+@pytest.mark.parametrize("levels,k,shared_limit", [(0, 3, 227 * 1024), (2, 5, 227 * 1024),
+                                                    (3, 3, 0)])
+def test_dx_from_the_forward_kernels(rng, levels, k, shared_limit):
+    """A stride-1 backward with dx from the forward kernels runs wtconv_flip, the forward on
+    dy and the weights-only plane kernel; its weight gradients are bit for bit the full
+    plane kernel's (same pyramids, same sums) and both match the oracle. (Problems this
+    small take the full plane kernel by default.)"""
+    shape = (3, 2, 9, 7)
+    problem = Problem(*shape, k, levels, 1, "float32", True)
+    x = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    wts = random_weights(rng, shape[1], k, levels, dtype=np.float32)
+    weights = Weights(*wts)
+    results = {}
+    assert not plan_plane(problem, True, shared_limit, 2).spec.weights_only
+    for dx_forward in (True, False):
+        tuning = Tuning(dx_forward=dx_forward)
+        backend = RecordingBackend(shared_limit=shared_limit)
+        dx = np.full(shape, np.nan, np.float32)
+        grads = Weights(*(np.full(a.shape, np.nan, np.float32) for a in weights))
+        run_backward(backend, problem, x, dy, dx, weights, grads, tuning)
+        names = [type(spec).__name__ for spec in backend.kernels]
+        planes = [spec for spec in backend.kernels if type(spec).__name__ == "PlaneSpec"
+                  and spec.backward]
+        assert [spec.weights_only for spec in planes] == [dx_forward]
+        assert ("FlipSpec" in names) == dx_forward
+        errors = backward_errors(x, wts, dy, levels, 1, dx, grads, True)
+        assert_close(errors, DTYPES["float32"][1])
+        results[dx_forward] = grads
+    for new, old in zip(results[True], results[False]):
+        np.testing.assert_array_equal(new, old)
+
+
+@pytest.mark.parametrize("shared_limit,dx_forward", [(227 * 1024, None), (0, None),
+                                                     (227 * 1024, True)])
+def test_work_buffers_match_requests(rng, shared_limit, dx_forward):
     """Bindings size their buffers with work_buffers(); it must match what runs ask for."""
     from wtconv_cuda.kernels.launch import work_buffers
     shape, levels, k = (2, 2, 7, 9), 2, 3
@@ -182,8 +216,10 @@ def test_work_buffers_match_requests(rng, shared_limit):
     assert tuple(backend.requests) == work_buffers(problem, False, shared_limit, backend.max_slots)
     backend.requests.clear()
     grads = Weights(*(np.empty_like(a) for a in weights))
-    run_backward(backend, problem, x, x.copy(), np.empty_like(x), weights, grads)
-    assert tuple(backend.requests) == work_buffers(problem, True, shared_limit, backend.max_slots)
+    tuning = Tuning(dx_forward=dx_forward)
+    run_backward(backend, problem, x, x.copy(), np.empty_like(x), weights, grads, tuning)
+    assert tuple(backend.requests) == work_buffers(problem, True, shared_limit, backend.max_slots,
+                                                   tuning)
 
 
 @pytest.mark.parametrize("shape,levels,k,stride", [((3, 2, 7, 7), 2, 3, 1), ((2, 3, 9, 6), 1, 5, 2)])

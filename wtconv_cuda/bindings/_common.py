@@ -399,6 +399,11 @@ class PointerLauncher:
         """Device address of element ``start`` of a work buffer from :meth:`float32`."""
         return np.uint64(int(buffer) + 4 * int(start))
 
+    def typed_view(self, buffer, start: int, count: int, storage: str):
+        """Device address of element ``start`` of a work buffer, to be read as ``count``
+        elements of ``storage`` type (the address does not depend on the type)."""
+        return self.view(buffer, start, count)
+
     def release(self, buffer) -> None:
         """Drop this launcher's hold on a work buffer from :meth:`float32` (its memory may
         then serve later allocations on this launcher's stream, after the launches

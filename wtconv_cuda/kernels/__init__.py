@@ -4,6 +4,8 @@
 * :mod:`.codegen` generates the kernels as unrolled scalar code;
 * :mod:`.tiles` generates the tiled kernel that large planes take (forward;
   the backward variant on request);
+* :mod:`.flip` turns the filters for a stride-1 backward's ``dx``, which runs
+  on the forward kernels;
 * :mod:`.compiler` compiles them to PTX (cached on disk) and loads them;
 * :mod:`.launch` plans launches and issues them on a GPU (CuPy) or on the
   CUDA simulator;

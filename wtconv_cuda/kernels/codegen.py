@@ -23,7 +23,10 @@ Two kernels are generated:
     channel into one partial (so the partials take ``C * ceil(B / rb) / M *
     ntaps`` floats instead of ``B * C * ntaps``, ``M`` units per partial).
     When ``M`` is all of a channel's units the block writes the channel's
-    gradients itself (``fused_finalize``) and no partials are needed.
+    gradients itself (``fused_finalize``) and no partials are needed. A
+    ``weights_only`` backward leaves ``dx`` to the forward kernels: it builds
+    ``dy``'s raw-LL chain without convolving it and runs the weight-gradient
+    phase alone.
 ``wtconv_finalize``
     One block per channel: sums the channel's partials in a fixed order
     (deterministic) and unfolds them into the gradients of the published
@@ -77,6 +80,13 @@ class PlaneSpec(NamedTuple):
         channel's parameter gradients itself, exactly as ``wtconv_finalize``
         would, instead of a partial; the kernel takes the five gradient
         arrays after ``geo`` and no finalize launch follows.
+    weights_only : bool
+        Backward only: the weight gradients without ``dx`` (the caller runs
+        the forward on ``dy`` with flipped taps for it, see
+        :func:`wtconv_cuda.kernels.launch.run_backward`). The kernel loads
+        ``dy``, builds its raw-LL chain without convolving anything, and
+        correlates it with the ``x`` pyramid; ``out`` is never written and
+        the taps are never folded.
     """
 
     kernel_size: int
@@ -91,6 +101,7 @@ class PlaneSpec(NamedTuple):
     planes_per_block: int = 1
     warp_sync: bool = False
     fused_finalize: bool = False
+    weights_only: bool = False
 
 
 class FinalizeSpec(NamedTuple):
@@ -295,6 +306,8 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
                          f"threads={T}, planes_per_block={G}")
     if spec.fused_finalize and not spec.backward:
         raise ValueError("fused_finalize needs a backward variant")
+    if spec.weights_only and not spec.backward:
+        raise ValueError("weights_only needs a backward variant")
     e = _Emitter()
 
     grads = "gw0, gb0, gs0, gww, gws, " if spec.fused_finalize else ""
@@ -318,8 +331,12 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
               f"ntaps = {K * K + 1} + {4 * K * K} * L")
         e("# The halos of region A stay zero for the whole launch.",
           f"for i in range(tid, a_len, {T}):",
-          "    S[sb + a_off + i] = fz",
-          f"first = int64(cuda.blockIdx.x) * {G}")
+          "    S[sb + a_off + i] = fz")
+        if spec.weights_only:
+            e("# Only the x pyramid is ever written into region B: its halos too.",
+              f"for i in range(tid, a_len, {T}):",
+              "    S[sb + xb_off + i] = fz")
+        e(f"first = int64(cuda.blockIdx.x) * {G}")
         if not spec.backward:
             e("while first < nplanes:")
             with e.indent():
@@ -362,7 +379,8 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
                   "c = unit // nchunks",
                   "bstart = (unit - c * nchunks) * bchunk",
                   "cuda.syncthreads()")
-                _emit_fold_weights(e, spec)
+                if not spec.weights_only:
+                    _emit_fold_weights(e, spec)
                 e(f"for i in range(tid, ntaps, {T}):",
                   "    S[sb + w_off + i] = fz",
                   "for bq in range(bstart, bstart + bchunk):")
@@ -370,7 +388,10 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
                     e("valid = first + grp < nunits and bq < B",
                       "plane = (bq if bq < B else B - 1) * C + c",
                       "cuda.syncthreads()")
-                    _emit_plane_pass(e, spec)
+                    if spec.weights_only:
+                        _emit_gradient_pyramid(e, spec)
+                    else:
+                        _emit_plane_pass(e, spec)
                     _emit_weight_gradients(e, spec)
                 if spec.fused_finalize:
                     _emit_block_finalize(e, spec)
@@ -509,6 +530,37 @@ def _emit_plane_pass(e: _Emitter, spec: PlaneSpec) -> None:
         _emit_output_blocks(e, spec)
     else:
         _emit_output_generic(e, spec)
+
+
+def _emit_gradient_pyramid(e: _Emitter, spec: PlaneSpec) -> None:
+    """``weights_only`` backward: ``dy`` into source grid 0, then its raw-LL chain."""
+    e("# dy into source grid 0 and its raw-LL chain; nothing is convolved (dx comes",
+      "# from the forward kernels)")
+    _emit_plane_load(e, spec, "src", "plane * (Hin * Win)", "Hin", "Win", spec.in_stride,
+                     "src0")
+    e("cuda.syncthreads()")
+    _emit_ll_chain(e, spec, "")
+
+
+def _emit_ll_chain(e: _Emitter, spec: PlaneSpec, shift: str) -> None:
+    """Source grids ``1..L-1`` from grid 0: each the raw LL of the grid before.
+
+    ``shift`` is appended to every grid offset (``" + xshift"``: region B's
+    copy of region A's geometry).
+    """
+    R = (spec.kernel_size - 1) // 2
+    e("for j in range(1, L):")
+    with e.indent():
+        e(f"srcp = {_lvl('j - 1', 'src')}{shift}", f"spp = {_lvl('j - 1', 'pitch')}",
+          f"sph = {_lvl('j - 1', 'phase')}",
+          f"Hj = {_lvl('j', 'Hj')}", f"Wj = {_lvl('j', 'Wj')}",
+          f"srcn = {_lvl('j', 'src')}{shift}", f"spn = {_lvl('j', 'pitch')}",
+          f"sphn = {_lvl('j', 'phase')}")
+        with _DivmodLoop(e, "it", "tid", "Hj * Wj", spec.threads, "Wj", "qy", "qx"):
+            e(f"p = sb + srcp + (qy + {R}) * spp + qx + {R}",
+              f"S[sb + {_phase_index('srcn', 'spn', 'sphn', 'qy', 'qx', R)}] = "
+              "f05 * ((S[p] + S[p + sph]) + (S[p + 2 * sph] + S[p + 3 * sph]))")
+        e("cuda.syncthreads()")
 
 
 def _emit_plane_load(e: _Emitter, spec: PlaneSpec, array: str, base: str, rows: str,
@@ -866,25 +918,15 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
     K, T = spec.kernel_size, spec.threads
     R, K2 = (K - 1) // 2, K * K
     chunks_cap = max(1, T // K)
-    e("# ---- weight gradients: x pyramid into region B, then correlations ----",
-      f"for i in range(tid, a_len, {T}):",
-      "    S[sb + xb_off + i] = fz",
-      "cuda.syncthreads()",
-      "xsrc0 = src0 + xshift")
+    e("# ---- weight gradients: x pyramid into region B, then correlations ----")
+    if not spec.weights_only:  # the plane pass wrote its subbands over region B
+        e(f"for i in range(tid, a_len, {T}):",
+          "    S[sb + xb_off + i] = fz",
+          "cuda.syncthreads()")
+    e("xsrc0 = src0 + xshift")
     _emit_plane_load(e, spec, "xsrc", "plane * (H * W)", "H", "W", 1, "xsrc0")
-    e("cuda.syncthreads()",
-      "for j in range(1, L):")
-    with e.indent():
-        e(f"srcp = {_lvl('j - 1', 'src')} + xshift", f"spp = {_lvl('j - 1', 'pitch')}",
-          f"sph = {_lvl('j - 1', 'phase')}",
-          f"Hj = {_lvl('j', 'Hj')}", f"Wj = {_lvl('j', 'Wj')}",
-          f"srcn = {_lvl('j', 'src')} + xshift", f"spn = {_lvl('j', 'pitch')}",
-          f"sphn = {_lvl('j', 'phase')}")
-        with _DivmodLoop(e, "it", "tid", "Hj * Wj", T, "Wj", "qy", "qx"):
-            e(f"p = sb + srcp + (qy + {R}) * spp + qx + {R}",
-              f"S[sb + {_phase_index('srcn', 'spn', 'sphn', 'qy', 'qx', R)}] = "
-              "f05 * ((S[p] + S[p + sph]) + (S[p + 2 * sph] + S[p + 3 * sph]))")
-        e("cuda.syncthreads()")
+    e("cuda.syncthreads()")
+    _emit_ll_chain(e, spec, " + xshift")
 
     # Base taps: pixels are walked in column pairs (2m, 2m+1); the window holds
     # the K+1 x values at columns 2m + e, e = -R..R+1 (register n = e + R).

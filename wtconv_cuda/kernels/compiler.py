@@ -19,7 +19,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from . import coarse, codegen, registers, tiles
+from . import coarse, codegen, flip, registers, tiles
 
 #: Bump when the kernel ABI or generated code changes in a way the source
 #: hash alone would not capture.
@@ -230,7 +230,47 @@ def register_signature(storage: str, backward: bool = False) -> tuple:
     return (st,) * (13 if backward else 7) + (types.int64,) * 3
 
 
+def flip_signature(storage: str) -> tuple:
+    """Argument types of ``wtconv_flip`` (see :mod:`wtconv_cuda.kernels.flip`).
+
+    Parameters
+    ----------
+    storage : str
+        ``"float32"``, ``"float16"`` or ``"bfloat16"`` (passed as ``uint16``).
+
+    Returns
+    -------
+    tuple of numba types
+        Four pointers to the storage type (``w0, ww, f0, fw``), then int64
+        ``n0, nw``.
+    """
+    from numba import types
+    st = types.CPointer(_storage_type(storage))
+    return (st,) * 4 + (types.int64,) * 2
+
+
+def distinct(specs) -> list:
+    """``specs`` without repeats, in first-seen order.
+
+    Kernel specs are named tuples, and tuples of different types compare equal
+    when their fields do (``FlipSpec(5, "float32", 128) == FinalizeSpec(5,
+    "float32", 128)``), so repeats are found by type and value.
+
+    Parameters
+    ----------
+    specs : iterable of kernel specs
+
+    Returns
+    -------
+    list
+        The first of each group of equal specs of one type.
+    """
+    return list({(type(spec), spec): spec for spec in specs}.values())
+
+
 def _source_for(spec) -> tuple[str, str, tuple]:
+    if isinstance(spec, flip.FlipSpec):
+        return flip.flip_kernel_source(spec), "wtconv_flip", flip_signature(spec.storage)
     if isinstance(spec, registers.RegisterSpec):
         return (registers.register_kernel_source(spec), "wtconv_registers",
                 register_signature(spec.storage, spec.backward))
@@ -430,7 +470,7 @@ def gpu_kernel(spec, device_id: int):
     CompileError
         The variant could not be compiled, or CuPy could not load it.
     """
-    key = ("gpu", spec, device_id)
+    key = ("gpu", type(spec), spec, device_id)  # specs are tuples: equal across types
     kernel = _loaded.get(key)
     if kernel is not None:
         return kernel
@@ -472,7 +512,7 @@ def sim_kernel(spec):
     """
     if not simulator_enabled():
         raise RuntimeError("sim_kernel needs NUMBA_ENABLE_CUDASIM=1 set before numba is imported")
-    key = ("sim", spec)
+    key = ("sim", type(spec), spec)
     kernel = _loaded.get(key)
     if kernel is None:
         from ._numba_compat import cuda

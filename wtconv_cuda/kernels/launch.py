@@ -22,6 +22,7 @@ import numpy as np
 from . import compiler
 from .coarse import COARSE_THREADS, CoarseLayout, CoarseOutSpec, CoarseSpec, coarse_layout
 from .codegen import FinalizeSpec, PlaneSpec
+from .flip import FLIP_THREADS, FlipSpec
 from .registers import MAX_PIXELS as REGISTER_MAX_PIXELS, RegisterSpec
 from .registers import shared_bytes as register_shared_bytes
 from .tiles import TileSpec, tile_geometry
@@ -149,6 +150,14 @@ class Tuning(NamedTuple):
         planes up to `REGISTER_FORCE_MAX_PIXELS`; False never. With it,
         ``threads`` and ``max_registers`` set its block size and register cap
         (defaults `REGISTER_THREADS`, `REGISTER_KERNEL_CAP`).
+    dx_forward : bool or None
+        Backward on the plane kernel at stride 1: compute ``dx`` with the
+        forward kernels (on ``dy``, flipped filters, no bias; see
+        :mod:`wtconv_cuda.kernels.flip`) and run the plane kernel for the
+        weight gradients alone (``PlaneSpec.weights_only``). True always
+        does so, False never (``dx`` in the plane kernel too: one pass over
+        ``dy`` instead of two), None where :func:`dx_from_forward` finds it
+        pays and fits.
     """
 
     threads: int | None = None
@@ -162,13 +171,27 @@ class Tuning(NamedTuple):
     tile: int | None = None
     split: int | None = None
     registers: bool | None = None
+    dx_forward: bool | None = None
 
 
 #: Bytes per element of each storage dtype.
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+#: The array dtype of each storage type (bfloat16 travels as raw bits).
+_VIEW_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 #: The backward's weight-gradient partials aim at no more than this fraction
 #: of the bytes of ``x`` (see :func:`batch_chunk`).
 PARTIAL_FRACTION = 1 / 8
+#: Fewest elements of ``x`` for which a stride-1 plane backward computes ``dx``
+#: with the forward kernels by default (:func:`dx_from_forward`). Below it the
+#: extra launches cost more host time than they save: on an H200 a (1, 8, 16,
+#: 16) CuPy training step went from 101-161 us to 235-277 us with them.
+DX_FORWARD_MIN_ELEMENTS = 1 << 20
+#: Most float32 work-buffer bytes, as a fraction of the bytes of ``x``, that
+#: the forward computing a backward's ``dx`` may take by default. They are
+#: live where the backward's partials (at most about 1/8) would otherwise set
+#: the peak, so a training step's peak stays within about ``2 1/6`` times the
+#: bytes of ``x`` above the inputs, against depthwise 7x7's 2 (``y``, ``dx``).
+DX_FORWARD_BUFFER_FRACTION = 1 / 6
 
 
 def batch_chunk(problem: Problem, ntaps: int, group: int, max_slots: int) -> int:
@@ -379,7 +402,9 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
     one), which loop over the planes. A backward plan whose blocks hold
     every work unit of their channels (the units per channel divide the
     planes per block) gets the ``fused_finalize`` variant unless
-    ``tuning.fuse_finalize`` is False. Plans are cached (``lru_cache``).
+    ``tuning.fuse_finalize`` is False; a backward plan gets the
+    ``weights_only`` variant (``dx`` from the forward kernels) where
+    :func:`dx_from_forward` says so. Plans are cached (``lru_cache``).
 
     Parameters
     ----------
@@ -441,6 +466,8 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
             dims = np.array([p.batch, p.channels, p.levels, int(p.has_bias), nchunks // upart],
                             dtype=np.int64)
             dims.setflags(write=False)
+        if dx_from_forward(p, shared_limit, max_slots, tuning):
+            spec = spec._replace(weights_only=True)  # dx: the forward kernels
     geo = with_problem(layout, p.channels, planes, p.has_bias, rb)
     geo.setflags(write=False)  # shared by every call through the plan cache
     header = tuple(np.int64(v) for v in geo[:len(HEADER_FIELDS)])
@@ -1016,6 +1043,12 @@ class CupyBackend:
         """Elements ``start .. start + count`` of a float32 work buffer (a view)."""
         return buffer[start:start + count]
 
+    def typed_view(self, buffer, start: int, count: int, storage: str):
+        """``count`` elements of ``storage`` type from element ``start`` of a float32
+        work buffer (a view; bfloat16 as ``uint16``)."""
+        words = -(-count * ITEMSIZE[storage] // 4)
+        return buffer[start:start + words].view(_VIEW_DTYPES[storage])[:count]
+
     def release(self, buffer) -> None:
         """Nothing: a work buffer returns to the pool when its last reference goes."""
 
@@ -1112,6 +1145,12 @@ class SimulatorBackend:
         """Elements ``start .. start + count`` of a float32 work buffer (a view)."""
         return buffer[start:start + count]
 
+    def typed_view(self, buffer, start: int, count: int, storage: str):
+        """``count`` elements of ``storage`` type from element ``start`` of a float32
+        work buffer (a view; bfloat16 as ``uint16``)."""
+        words = -(-count * ITEMSIZE[storage] // 4)
+        return buffer[start:start + words].view(_VIEW_DTYPES[storage])[:count]
+
     def release(self, buffer) -> None:
         """Nothing: a work buffer returns to the pool when its last reference goes."""
 
@@ -1144,7 +1183,9 @@ def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots:
         finalize), ``(tiles * ntaps,)`` for a tiled backward
         (:attr:`TileLaunch.partial_floats`),
         ``([scratch])`` forward (an empty tuple when no scratch is needed or
-        the forward runs on tiles); a split pass (:func:`plan_split`) asks
+        the forward runs on tiles); a ``weights_only`` plane backward first
+        asks for the flipped filters (:func:`flipped_filter_floats`) and the
+        buffers of the forward that computes ``dx``; a split pass (:func:`plan_split`) asks
         for its two coarse work buffers first (pooled arrays, then the rest),
         then for the coarse problem's buffers (and, backward, then for the
         tiles' partials).
@@ -1160,7 +1201,12 @@ def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots:
     if tiled is not None:
         return (tiled.partial_floats,) if backward else ()
     launch = plan_plane(problem, backward, shared_limit, max_slots, tuning)
-    sizes = [launch.partial_floats] if backward and not launch.spec.fused_finalize else []
+    sizes = []
+    if launch.spec.weights_only:  # dx first: the flipped filters, the forward's buffers
+        sizes += [flipped_filter_floats(problem)]
+        sizes += work_buffers(_dx_problem(problem), False, shared_limit, max_slots)
+    if backward and not launch.spec.fused_finalize:
+        sizes.append(launch.partial_floats)
     if launch.scratch_floats:
         sizes.append(launch.scratch_floats)
     return tuple(sizes)
@@ -1183,8 +1229,9 @@ def planned_specs(problem: Problem, backward: bool, shared_limit: int, max_slots
 
     Returns
     -------
-    list of CoarseSpec, TileSpec, PlaneSpec, FinalizeSpec and CoarseOutSpec
-        A split pass lists ``wtconv_coarse_in``, the coarse problem's specs
+    list of CoarseSpec, TileSpec, PlaneSpec, FinalizeSpec, CoarseOutSpec and FlipSpec
+        A ``weights_only`` plane backward lists ``wtconv_flip`` and the
+        forward's specs first (they compute ``dx``). A split pass lists ``wtconv_coarse_in``, the coarse problem's specs
         (planned with the default tuning), then the tiles (backward: then
         the finalize and ``wtconv_coarse_out``).
     """
@@ -1201,7 +1248,11 @@ def planned_specs(problem: Problem, backward: bool, shared_limit: int, max_slots
     if tiled is not None:
         return [tiled.spec, finalize] if backward else [tiled.spec]
     spec = plan_plane(problem, backward, shared_limit, max_slots, tuning).spec
-    return [spec, finalize] if backward and not spec.fused_finalize else [spec]
+    specs = [spec, finalize] if backward and not spec.fused_finalize else [spec]
+    if spec.weights_only:
+        specs = ([FlipSpec(problem.kernel_size, problem.storage)]
+                 + planned_specs(_dx_problem(problem), False, shared_limit, max_slots) + specs)
+    return specs
 
 
 def _int64s(*values):
@@ -1404,6 +1455,8 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
                       tiled.ntaps)
         return
     launch = plan_plane(problem, True, backend.shared_limit, backend.max_slots, tuning)
+    if launch.spec.weights_only:  # dx from the forward kernels; the plane kernel skips it
+        _run_dx_forward(backend, problem, dy, dx, weights)
     geo = backend.table(launch.geo)
     fused = launch.spec.fused_finalize  # the plane kernel writes the gradients itself
     partial = geo if fused else backend.float32(launch.partial_floats)
@@ -1415,6 +1468,94 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
         return
 
     _run_finalize(backend, problem, partial, weights, grads, launch.finalize_dims, launch.ntaps)
+
+
+def dx_from_forward(problem: Problem, shared_limit: int, max_slots: int,
+                    tuning: Tuning = Tuning()) -> bool:
+    """Whether a plane backward computes ``dx`` with the forward kernels.
+
+    For stride 1, ``dx`` is the forward on ``dy`` with the filters flipped
+    and no bias (:mod:`wtconv_cuda.kernels.flip`); the plane kernel then
+    computes the weight gradients alone (``PlaneSpec.weights_only``). On an
+    H200 at K 5, fp32, that took the ConvNeXt-T stages' backward from 1.028 /
+    0.594 / 0.424 ms to 0.955 / 0.563 / 0.405 ms (56 / 28 / 14 pixels). It
+    costs a second read of ``dy``, the flip launch, and the forward's work
+    buffers while ``dx`` is computed: at 14 x 14 those are half the bytes of
+    ``x`` (a split forward), which would break the 1.1x peak-memory bound,
+    so that stage keeps the one-kernel backward by default.
+
+    Parameters
+    ----------
+    problem : Problem
+        The layer call.
+    shared_limit, max_slots : int
+        The backend's limits, as passed to :func:`plan_plane`.
+    tuning : Tuning, optional
+        ``tuning.dx_forward`` True or False decides (True only at stride 1);
+        None takes the forward kernels at stride 1 when ``x`` has at least
+        `DX_FORWARD_MIN_ELEMENTS` elements and the forward's work buffers
+        take at most `DX_FORWARD_BUFFER_FRACTION` of its bytes.
+
+    Returns
+    -------
+    bool
+    """
+    if problem.stride != 1 or tuning.dx_forward is False:
+        return False
+    if tuning.dx_forward:
+        return True
+    elements = problem.batch * problem.channels * problem.height * problem.width
+    if elements < DX_FORWARD_MIN_ELEMENTS:
+        return False
+    buffers = sum(work_buffers(_dx_problem(problem), False, shared_limit, max_slots))
+    buffers += flipped_filter_floats(problem)
+    return 4 * buffers <= DX_FORWARD_BUFFER_FRACTION * elements * ITEMSIZE[problem.storage]
+
+
+def _dx_problem(problem: Problem) -> Problem:
+    """The forward call that computes a stride-1 backward's ``dx``: no bias."""
+    return problem._replace(has_bias=False)
+
+
+def flipped_filter_floats(problem: Problem) -> int:
+    """float32 elements of the work buffer holding the flipped filters of ``problem``.
+
+    Parameters
+    ----------
+    problem : Problem
+        The layer call.
+
+    Returns
+    -------
+    int
+        The base filters ``(C, K, K)`` and then the level filters ``(L, C, 4,
+        K, K)``, in the storage type, each rounded up to whole float32 words.
+    """
+    size = ITEMSIZE[problem.storage]
+    base, levels = _filter_counts(problem)
+    return -(-base * size // 4) + -(-levels * size // 4)
+
+
+def _filter_counts(problem: Problem) -> tuple[int, int]:
+    C, K2 = problem.channels, problem.kernel_size ** 2
+    return C * K2, problem.levels * C * 4 * K2
+
+
+def _run_dx_forward(backend, problem: Problem, dy, dx, weights: Weights) -> None:
+    """``dx`` of a stride-1 backward: the forward on ``dy`` with the filters turned by
+    180 degrees (``wtconv_flip``), the same scales and no bias (see
+    :mod:`wtconv_cuda.kernels.flip`). Its work buffers are released on return."""
+    n0, nw = _filter_counts(problem)
+    buf = backend.float32(flipped_filter_floats(problem))
+    base_words = -(-n0 * ITEMSIZE[problem.storage] // 4)
+    f0 = backend.typed_view(buf, 0, n0, problem.storage)
+    fw = backend.typed_view(buf, base_words, nw, problem.storage)
+    backend.call(backend.kernel(FlipSpec(problem.kernel_size, problem.storage)),
+                 min(-(-(n0 + nw) // FLIP_THREADS), 1024), FLIP_THREADS,
+                 (weights.base_weight, weights.wavelet_weight, f0, fw, *_int64s(n0, nw)), 0)
+    run_forward(backend, _dx_problem(problem), dy, dx,
+                Weights(f0, weights.base_scale, weights.base_scale, fw, weights.wavelet_scale))
+    backend.release(buf)
 
 
 def _run_finalize(backend, problem: Problem, partial, weights: Weights, grads: Weights,

@@ -129,10 +129,10 @@ def report(specs, cc: tuple[int, int] = (9, 0), jobs: int = 1) -> dict:
     dict
         ``{repr(spec): PtxasUsage}`` in the order of ``specs``.
     """
-    from .compiler import cached_ptx
+    from .compiler import cached_ptx, distinct
     from .warmup import compile_all
 
-    specs = list(dict.fromkeys(specs))
+    specs = distinct(specs)
     compile_all(specs, cc, jobs)
     return {repr(spec): ptxas_usage(cached_ptx(spec, cc)[0].read_text(), cc) for spec in specs}
 

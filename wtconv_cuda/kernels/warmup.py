@@ -20,6 +20,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 from .codegen import STORAGE, FinalizeSpec, PlaneSpec
+from .compiler import distinct
+from .flip import FlipSpec
 from .launch import (
     FINALIZE_THREADS, SPLIT_MIN_PIXELS, SPLIT_SMALL_TILES, Problem, Tuning, plan_plane,
     plan_registers, plan_split, plan_tiles, planned_specs,
@@ -68,9 +70,9 @@ def variants(kernel_sizes, storages, strides, plane_sizes, levels=range(7),
 
     Returns
     -------
-    list of CoarseSpec, TileSpec, PlaneSpec, FinalizeSpec and CoarseOutSpec
+    list of CoarseSpec, TileSpec, PlaneSpec, FinalizeSpec, CoarseOutSpec and FlipSpec
         Without duplicates, in first-planned order: the tile and plane specs,
-        then one finalize spec per kernel size and storage.
+        then one finalize and one flip spec per kernel size and storage.
     """
     specs = []
     for k, storage, stride, (h, w), lv, tuning in itertools.product(
@@ -101,9 +103,17 @@ def variants(kernel_sizes, storages, strides, plane_sizes, levels=range(7),
             specs.append(spec)
             if backward:  # whether the finalize fuses depends on B: warm both variants
                 specs.append(spec._replace(fused_finalize=not spec.fused_finalize))
+        if plan_plane(large, True, shared_limit, DEFAULT_SLOTS, tuning).spec.weights_only:
+            # large problems' dx from the forward kernels: wtconv_flip, the forward's
+            # specs, the weights-only plane kernel (both finalize choices)
+            for spec in planned_specs(large, True, shared_limit, DEFAULT_SLOTS, tuning):
+                specs.append(spec)
+                if isinstance(spec, PlaneSpec) and spec.backward:
+                    specs.append(spec._replace(fused_finalize=not spec.fused_finalize))
     for k, storage in itertools.product(kernel_sizes, storages):
         specs.append(FinalizeSpec(k, storage, FINALIZE_THREADS))
-    return list(dict.fromkeys(specs))
+        specs.append(FlipSpec(k, storage))  # a stride-1 backward's dx (forced small)
+    return distinct(specs)
 
 
 def _compile_one(job):
@@ -273,10 +283,10 @@ def main(argv=None) -> int:
     if args.configs:
         pairs = [(tuple(int(v) for v in c.split(":")[0].split("x")), int(c.split(":")[1]))
                  for c in args.configs]
-        specs = list(dict.fromkeys(
+        specs = distinct(
             spec for plane, lv in pairs
             for spec in variants(args.kernel_sizes, args.storage, args.strides, [plane], [lv],
-                                 tunings=tunings)))
+                                 tunings=tunings))
     else:
         specs = variants(args.kernel_sizes, args.storage, args.strides, planes, args.levels,
                          tunings=tunings)
