@@ -112,20 +112,24 @@ def test_warmup_lists_the_default_split_of_14x14_planes():
 
 
 def window_moves(source: str) -> list[str]:
-    """Assignments of one base-tap window register to another (``win_1 = win_3``)."""
+    """Assignments of one window register to another: base taps' (``win_1 = win_3``) or
+    level taps' (``xu2_0 = xu2_1``)."""
     return [ast.unparse(node) for node in ast.walk(ast.parse(source))
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name)
-            and node.value.id.startswith("win_")]
+            and node.value.id.startswith(("win_", "xu"))]
 
 
 @pytest.mark.parametrize("k", [1, 3, 5, 7])
-def test_base_tap_window_turns_without_moves(k):
-    """The base taps' window rotates by renaming (the pair loop is unrolled): no register
-    copies, in the plane and the tile kernels."""
+def test_tap_windows_turn_without_moves(k):
+    """The base and level taps' windows rotate by renaming (their loops are unrolled): no
+    register copies, in the plane kernel (both backward variants) and the tile kernel."""
     plane = plane_kernel_source(PlaneSpec(k, "float32", 1, 1, True, False, 32, 1, 0, 8, True))
-    tile = tile_kernel_source(TileSpec(k, "float32", 1, 16, 32, 2, backward=True))
-    assert "win_0" in plane and "win_0" in tile
-    assert window_moves(plane) == [] and window_moves(tile) == []
+    weights = plane_kernel_source(PlaneSpec(k, "float32", 1, 1, True, False, 32, 1, 0, 8, True,
+                                            weights_only=True))
+    tile = tile_kernel_source(TileSpec(k, "float32", 2, 16, 32, 2, backward=True))
+    for source in (plane, weights, tile):
+        assert "win_0" in source and "xu0_0" in source
+        assert window_moves(source) == []
 
 
 TILE_SPECS = [TileSpec(k, storage, levels, tile, threads, strip, backward=backward)

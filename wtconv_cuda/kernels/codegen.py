@@ -1078,26 +1078,41 @@ def _emit_block_window(e: _Emitter, K: int, xp: str, gp: str, count: str, phase:
                        step: int = 1) -> None:
     """Level-tap correlations along one line of coefficients, all four subbands.
 
-    A window of ``K`` Haar blocks of ``x`` (``xu{k}_0..xu{k}_{K-1}``, from
-    ``xp + qx * step``) slides along the line while each gradient block
-    (``gu``, at ``gp + qx * step``) is formed once; adds into ``acc{k}_{d}``,
-    ``d`` the window position. ``step`` 1 walks a row (``d`` is the tap
-    column), the grid's pitch a column (``d`` is the tap row). Shared by the
-    plane and tile kernels' weight gradients.
+    A window of ``K`` Haar blocks of ``x`` slides along the line while each
+    gradient block (``gu``, at ``gp + qx * step``) is formed once; adds into
+    ``acc{k}_{d}``, ``d`` the window position. The block of ``x`` at
+    coefficient ``c`` of the line (from ``xp``) lives in ``xu{k}_{c % K}``; the
+    loop over ``qx`` is unrolled ``K`` times, so the window turns by renaming,
+    not by moves, and a guarded tail takes the last ``count % K``
+    coefficients. ``step`` 1 walks a row (``d`` is the tap column), the grid's
+    pitch a column (``d`` is the tap row). Shared by the plane and tile
+    kernels' weight gradients.
     """
     walk = "qx" if step == 1 else f"qx * {step}"
+
+    def step_at(r: int) -> None:  # coefficient qx + r
+        _butterfly(e, "xu", (r + K - 1) % K, f"{xp} + {walk} + {(r + K - 1) * step}", phase)
+        _butterfly(e, "gu", "", f"{gp} + {walk} + {r * step}", phase)
+        for k in range(4):
+            for d in range(K):
+                e(f"acc{k}_{d} += xu{k}_{(r + d) % K} * gu{k}_")
+
+    def tail(r: int) -> None:  # fewer than K coefficients were left
+        if r == K - 1:
+            return
+        e(f"if qx + {r} < {count}:")
+        with e.indent():
+            step_at(r)
+            tail(r + 1)
+
     for m in range(K - 1):
         _butterfly(e, "xu", m, f"{xp} + {m * step}", phase)
-    e(f"for qx in range({count}):")
+    e("qx = 0", f"while qx + {K} <= {count}:")
     with e.indent():
-        _butterfly(e, "xu", K - 1, f"{xp} + {walk} + {(K - 1) * step}", phase)
-        _butterfly(e, "gu", "", f"{gp} + {walk}", phase)
-        for k in range(4):
-            for dx in range(K):
-                e(f"acc{k}_{dx} += xu{k}_{dx} * gu{k}_")
-        for m in range(K - 1):
-            for k in range(4):
-                e(f"xu{k}_{m} = xu{k}_{m + 1}")
+        for r in range(K):
+            step_at(r)
+        e(f"qx += {K}")
+    tail(0)
 
 
 def finalize_kernel_source(spec: FinalizeSpec) -> str:
