@@ -1185,8 +1185,8 @@ def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots:
         ``([scratch])`` forward (an empty tuple when no scratch is needed or
         the forward runs on tiles); a ``weights_only`` plane backward first
         asks for the flipped filters (:func:`flipped_filter_floats`) and the
-        buffers of the forward that computes ``dx``; a split pass (:func:`plan_split`) asks
-        for its two coarse work buffers first (pooled arrays, then the rest),
+        buffers of the forward that computes ``dx``; a split pass
+        (:func:`plan_split`) asks for its two coarse work buffers first (pooled arrays, then the rest),
         then for the coarse problem's buffers (and, backward, then for the
         tiles' partials).
     """
@@ -1231,8 +1231,9 @@ def planned_specs(problem: Problem, backward: bool, shared_limit: int, max_slots
     -------
     list of CoarseSpec, TileSpec, PlaneSpec, FinalizeSpec, CoarseOutSpec and FlipSpec
         A ``weights_only`` plane backward lists ``wtconv_flip`` and the
-        forward's specs first (they compute ``dx``). A split pass lists ``wtconv_coarse_in``, the coarse problem's specs
-        (planned with the default tuning), then the tiles (backward: then
+        forward's specs first (they compute ``dx``). A split pass lists
+        ``wtconv_coarse_in``, the coarse problem's specs (planned with the
+        default tuning), then the tiles (backward: then
         the finalize and ``wtconv_coarse_out``).
     """
     registers = plan_registers(problem, shared_limit, tuning, backward)
@@ -1398,13 +1399,16 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
     """Launch the fused backward: ``dx`` and every parameter gradient.
 
     One launch of the register kernel where :func:`plan_registers` takes the
-    problem (tiny planes, ``B`` a multiple of 32). Otherwise two launches (plane kernel, then ``wtconv_finalize`` over the partials),
-    or one when a block holds all of its channels' work units
-    (``PlaneSpec.fused_finalize``, see :func:`plan_plane`). Where
-    :func:`plan_tiles` takes the backward, the tiled kernel and then
-    ``wtconv_finalize`` over its per-tile partials. Where :func:`plan_split`
-    splits it: ``wtconv_coarse_in``, the coarse problem's backward, the
-    tiles, ``wtconv_finalize`` and ``wtconv_coarse_out``.
+    problem (tiny planes, ``B`` a multiple of 32). Otherwise two launches
+    (plane kernel, then ``wtconv_finalize`` over the partials), or one when a
+    block holds all of its channels' work units (``PlaneSpec.fused_finalize``,
+    see :func:`plan_plane`); where the plane kernel runs as ``weights_only``
+    (:func:`dx_from_forward`), ``wtconv_flip`` and the forward's launches on
+    ``dy`` (writing ``dx``) come first. Where :func:`plan_tiles` takes the
+    backward, the tiled kernel and then ``wtconv_finalize`` over its per-tile
+    partials. Where :func:`plan_split` splits it: ``wtconv_coarse_in``, the
+    coarse problem's backward, the tiles, ``wtconv_finalize`` and
+    ``wtconv_coarse_out``.
 
     Parameters
     ----------
