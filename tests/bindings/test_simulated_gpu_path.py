@@ -266,3 +266,40 @@ def test_split_passes_through_pointers(simulated, rng):
     assert rel(dx, dx_ref) < TOL["float32"]
     for name, g in zip(w._fields, grads):
         assert rel(g, getattr(dw_ref, name)) < TOL["float32"], name
+
+
+@pytest.mark.parametrize("shared_limit", [227 * 1024, 0])
+def test_dx_from_the_forward_through_pointers(simulated, rng, shared_limit):
+    """A backward whose dx runs on the forward kernels, through raw addresses: the flipped
+    filters' typed views are address offsets into a work buffer, which is asked for first
+    and released once the forward has been queued."""
+    from wtconv_cuda.kernels.launch import (
+        Problem, Tuning, Weights, flipped_filter_floats, run_backward,
+    )
+
+    shape, k, levels = (2, 3, 9, 7), 3, 2
+    w = random_weights(rng, shape[1], k, levels, True, dtype=np.float32)
+    x = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    dx = np.full(shape, np.nan, np.float32)
+    grads = [np.full(a.shape, np.nan, np.float32) for a in w]
+    problem = Problem(*shape, k, levels, 1, "float32", True)
+    simulated.device.shared_limit = shared_limit
+    addresses = []
+
+    def allocate(n):
+        owner, pointer = simulated.allocate(n)
+        addresses.append(pointer)
+        return owner, pointer
+
+    launcher = _common.PointerLauncher(simulated.device, FakeStream(), allocate,
+                                       simulated.make_table)
+    run_backward(launcher, problem, simulated.add(x), simulated.add(dy), simulated.add(dx),
+                 Weights(*(simulated.add(a) for a in w)),
+                 Weights(*(simulated.add(g) for g in grads)), Tuning(dx_forward=True))
+    assert simulated.allocations[0] == flipped_filter_floats(problem)
+    assert addresses[0] not in launcher._pointers  # the flipped filters' buffer: released
+    dx_ref, dw_ref = reference.backward(x, w, dy, levels, 1)
+    assert rel(dx, dx_ref) < TOL["float32"]
+    for name, g in zip(w._fields, grads):
+        assert rel(g, getattr(dw_ref, name)) < TOL["float32"], name
