@@ -125,7 +125,13 @@ run_bindings() {
 
 run_ncu() {
   echo "== HBM bytes (ncu, forward + backward at 64x96x56x56, L5, K5, fp32)"
-  ncu --clock-control none --launch-skip 3 --launch-count 3 --kernel-name regex:wtconv \
+  # launches of one forward + backward, as planned on this GPU (ncu_target.py runs the
+  # pair twice: skip the first, profile the second)
+  local n
+  n=$(python3 -c 'from wtconv_cuda.kernels import launch as l; b = l.CupyBackend()
+p = l.Problem(64, 96, 56, 56, 5, 5, 1, "float32", True)
+print(sum(len(l.planned_specs(p, bw, b.shared_limit, b.max_slots)) for bw in (False, True)))') || return 1
+  ncu --clock-control none --launch-skip "$n" --launch-count "$n" --kernel-name regex:wtconv \
     --metrics dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum --csv \
     python3 benchmarks/ncu_target.py 64 96 56 56 5 5 >"$OUT/ncu.csv" 2>"$OUT/ncu.err" || return 1
   python3 - "$OUT/ncu.csv" <<'EOF' | tee "$OUT/ncu_summary.txt"
