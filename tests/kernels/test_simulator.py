@@ -134,6 +134,35 @@ def test_batch_chunked_weight_gradients(rng, threads, batch_chunk, group, units_
     assert_close(run_layer(rng, (5, 3, 7, 9), 2, 3, 1, tuning=tuning), DTYPES["float32"][1])
 
 
+def test_finalize_over_more_partials_than_its_unroll(rng):
+    """wtconv_finalize issues FINALIZE_UNROLL partials' loads at once, then a tail: 11
+    one-plane partials per channel take one unrolled round and three single ones. The sums
+    are a plain loop's: a block holding a whole channel (11 groups, fused finalize), which
+    adds its units one by one, gives the same bits."""
+    from wtconv_cuda.kernels.codegen import FINALIZE_UNROLL
+    shape, levels, k = (11, 2, 5, 4), 1, 3
+    assert FINALIZE_UNROLL < shape[0] < 2 * FINALIZE_UNROLL
+    problem = Problem(*shape, k, levels, 1, "float32", True)
+    x = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    wts = random_weights(rng, shape[1], k, levels, dtype=np.float32)
+    weights = Weights(*wts)
+    results = []
+    for group in (1, shape[0]):  # one partial per plane; or a block per channel, fused
+        tuning = Tuning(threads=16, planes_per_block=group, batch_chunk=1, registers=False)
+        plan = plan_plane(problem, True, 227 * 1024, 2, tuning)
+        assert plan.spec.fused_finalize == (group > 1)
+        assert group > 1 or plan.finalize_dims[4] == shape[0]  # partials per channel
+        dx = np.full(shape, np.nan, np.float32)
+        grads = Weights(*(np.full(a.shape, np.nan, np.float32) for a in weights))
+        run_backward(SimulatorBackend(), problem, x, dy, dx, weights, grads, tuning)
+        assert_close(backward_errors(x, wts, dy, levels, 1, dx, grads, True),
+                     DTYPES["float32"][1])
+        results.append(grads)
+    for two_launches, fused in zip(*results):
+        np.testing.assert_array_equal(two_launches, fused)
+
+
 @pytest.mark.parametrize("threads,batch_chunk,group,shared_limit,fused", [
     (32, 3, None, 227 * 1024, True),   # 2 units per channel, 8 groups: 4 channels a block
     (16, 5, None, 227 * 1024, True),   # 1 unit per channel, 16 groups, 3 of them valid
