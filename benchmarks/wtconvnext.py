@@ -591,12 +591,13 @@ def stage_planes(image_size: int) -> list:
 
 def _precompile_specs(planes_levels, storages, kernel_size: int = WT_KERNEL_SIZE) -> list:
     """Kernel specs (forward, both backward variants, finalize) of (plane, levels) pairs."""
+    from wtconv_cuda.kernels.compiler import distinct
     from wtconv_cuda.kernels.warmup import variants
 
     specs = []
     for plane, levels in planes_levels:
         specs += variants([kernel_size], storages, [1], [(plane, plane)], levels=[levels])
-    return list(dict.fromkeys(specs))
+    return distinct(specs)
 
 
 def _compile_specs(specs, cc, jobs: int) -> float:

@@ -396,10 +396,16 @@ def test_stage_planes_and_precompile_specs():
     specs = wn._precompile_specs([(56, 5), (28, 4)], ["float32"])
     # forward and backward (with and without the fused finalize) of each plane, plus one
     # finalize kernel, plus the split forward of each stage (one pre-pass kernel for
-    # both, the coarse problem's forward, the tiles)
+    # both, the coarse problem's forward, the tiles), plus the weights-only backward of
+    # each plane (both finalize choices: large batches take dx from the forward kernels)
+    # and one wtconv_flip
+    from wtconv_cuda.kernels.codegen import FinalizeSpec
     from wtconv_cuda.kernels.coarse import CoarseSpec
+    from wtconv_cuda.kernels.flip import FlipSpec
     from wtconv_cuda.kernels.tiles import TileSpec
-    assert len(specs) == 7 + 5 and len(set(specs)) == len(specs)
-    assert [type(s) for s in specs].count(CoarseSpec) == 1
+    assert len(specs) == 7 + 5 + 5 and len(set(specs)) == len(specs)
+    kinds = [type(s) for s in specs]
+    assert kinds.count(CoarseSpec) == kinds.count(FlipSpec) == kinds.count(FinalizeSpec) == 1
     assert sorted(s.tile for s in specs if isinstance(s, TileSpec)) == [32, 64]
-    assert sum(getattr(s, "fused_finalize", False) for s in specs) == 2
+    assert sum(getattr(s, "fused_finalize", False) for s in specs) == 4
+    assert sum(getattr(s, "weights_only", False) for s in specs) == 4

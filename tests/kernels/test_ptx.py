@@ -69,7 +69,7 @@ SPECS = textwrap.dedent("""
                                                            (32, 1, 8, True, True))
               if not (scratch and storage == "float16")]
     from wtconv_cuda.kernels.flip import FlipSpec
-    specs += [FlipSpec(k, storage) for k in (1, 5) for storage in STORAGE]
+    specs += [FlipSpec(storage, k) for k in (1, 5) for storage in STORAGE]
 """)
 
 

@@ -253,8 +253,8 @@ def distinct(specs) -> list:
     """``specs`` without repeats, in first-seen order.
 
     Kernel specs are named tuples, and tuples of different types compare equal
-    when their fields do (``FlipSpec(5, "float32", 128) == FinalizeSpec(5,
-    "float32", 128)``), so repeats are found by type and value.
+    when their fields do (a ``FlipSpec`` with the fields of a
+    ``FinalizeSpec`` once did), so repeats are found by type and value.
 
     Parameters
     ----------

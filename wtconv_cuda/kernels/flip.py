@@ -24,20 +24,24 @@ FLIP_THREADS = 128
 class FlipSpec(NamedTuple):
     """Compile-time parameters of one ``wtconv_flip`` variant.
 
+    The storage comes first: specs are compared as tuples, and
+    ``(kernel_size, storage, threads)`` would equal a `FinalizeSpec`'s fields
+    (see :func:`wtconv_cuda.kernels.compiler.distinct`).
+
     Attributes
     ----------
-    kernel_size : int
-        Odd ``K``.
     storage : str
         ``"float32"``, ``"float16"`` or ``"bfloat16"`` (raw ``uint16`` bits):
         the type of the filters read and written; values are copied, never
         converted.
+    kernel_size : int
+        Odd ``K``.
     threads : int
         Threads per block.
     """
 
-    kernel_size: int
     storage: str
+    kernel_size: int
     threads: int = FLIP_THREADS
 
 

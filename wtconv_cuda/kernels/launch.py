@@ -1251,7 +1251,7 @@ def planned_specs(problem: Problem, backward: bool, shared_limit: int, max_slots
     spec = plan_plane(problem, backward, shared_limit, max_slots, tuning).spec
     specs = [spec, finalize] if backward and not spec.fused_finalize else [spec]
     if spec.weights_only:
-        specs = ([FlipSpec(problem.kernel_size, problem.storage)]
+        specs = ([FlipSpec(problem.storage, problem.kernel_size)]
                  + planned_specs(_dx_problem(problem), False, shared_limit, max_slots) + specs)
     return specs
 
@@ -1554,7 +1554,7 @@ def _run_dx_forward(backend, problem: Problem, dy, dx, weights: Weights) -> None
     base_words = -(-n0 * ITEMSIZE[problem.storage] // 4)
     f0 = backend.typed_view(buf, 0, n0, problem.storage)
     fw = backend.typed_view(buf, base_words, nw, problem.storage)
-    backend.call(backend.kernel(FlipSpec(problem.kernel_size, problem.storage)),
+    backend.call(backend.kernel(FlipSpec(problem.storage, problem.kernel_size)),
                  min(-(-(n0 + nw) // FLIP_THREADS), 1024), FLIP_THREADS,
                  (weights.base_weight, weights.wavelet_weight, f0, fw, *_int64s(n0, nw)), 0)
     run_forward(backend, _dx_problem(problem), dy, dx,

@@ -112,7 +112,7 @@ def variants(kernel_sizes, storages, strides, plane_sizes, levels=range(7),
                     specs.append(spec._replace(fused_finalize=not spec.fused_finalize))
     for k, storage in itertools.product(kernel_sizes, storages):
         specs.append(FinalizeSpec(k, storage, FINALIZE_THREADS))
-        specs.append(FlipSpec(k, storage))  # a stride-1 backward's dx (forced small)
+        specs.append(FlipSpec(storage, k))  # a stride-1 backward's dx (forced small)
     return distinct(specs)
 
 
