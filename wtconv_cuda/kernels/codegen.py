@@ -25,7 +25,8 @@ Two kernels are generated:
     When ``M`` is all of a channel's units the block writes the channel's
     gradients itself (``fused_finalize``) and no partials are needed. A
     ``weights_only`` backward leaves ``dx`` to the forward kernels: it builds
-    ``dy``'s raw-LL chain without convolving it and runs the weight-gradient
+    ``dy``'s raw-LL chain without convolving it (in halo-less grids of its
+    own, see :mod:`wtconv_cuda.kernels.layout`) and runs the weight-gradient
     phase alone.
 ``wtconv_finalize``
     One block per channel: sums the channel's partials in a fixed order
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .layout import HEADER, HEADER_FIELDS, LEVEL_BASE, LEVEL_STRIDE, bias_index
+from .layout import HEADER, HEADER_FIELDS, LEVEL_BASE, LEVEL_FIELDS, LEVEL_STRIDE, bias_index
 
 #: Storage dtypes the kernels read and write (accumulation is always float32).
 STORAGE = ("float32", "float16", "bfloat16")
@@ -222,7 +223,7 @@ def _store(emit: _Emitter, storage: str, target: str, value: str) -> None:
              f"{target} = uint16(_bits & 0xFFFF)")
 
 
-_F = {name: i for i, name in enumerate(("Hj", "Wj", "src", "pitch", "phase", "z"))}
+_F = {name: i for i, name in enumerate(LEVEL_FIELDS)}
 
 
 def _geo(name: str) -> str:
@@ -335,13 +336,17 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
         if spec.backward:
             e("xshift = xb_off - a_off",
               f"ntaps = {K * K + 1} + {4 * K * K} * L")
-        e("# The halos of region A stay zero for the whole launch.",
-          f"for i in range(tid, a_len, {T}):",
-          "    S[sb + a_off + i] = fz")
         if spec.weights_only:
-            e("# Only the x pyramid is ever written into region B: its halos too.",
+            e(f"gsrc0 = {_lvl(0, 'gsrc')}", f"gsp0 = {_lvl(0, 'gpitch')}",
+              f"gsph0 = {_lvl(0, 'gphase')}",
+              "# The x pyramid's halos and the dy grids' padding stay zero for the",
+              "# whole launch.",
+              f"for i in range(tid, p_off - a_off, {T}):",
+              "    S[sb + a_off + i] = fz")
+        else:
+            e("# The halos of region A stay zero for the whole launch.",
               f"for i in range(tid, a_len, {T}):",
-              "    S[sb + xb_off + i] = fz")
+              "    S[sb + a_off + i] = fz")
         e(f"first = int64(cuda.blockIdx.x) * {G}")
         if not spec.backward:
             e("while first < nplanes:")
@@ -539,29 +544,38 @@ def _emit_plane_pass(e: _Emitter, spec: PlaneSpec) -> None:
 
 
 def _emit_gradient_pyramid(e: _Emitter, spec: PlaneSpec) -> None:
-    """``weights_only`` backward: ``dy`` into source grid 0, then its raw-LL chain."""
-    e("# dy into source grid 0 and its raw-LL chain; nothing is convolved (dx comes",
-      "# from the forward kernels)")
+    """``weights_only`` backward: ``dy`` into gradient grid 0, then its raw-LL chain."""
+    e("# dy into gradient grid 0 and its raw-LL chain; nothing is convolved (dx",
+      "# comes from the forward kernels)")
     _emit_plane_load(e, spec, "src", "plane * (Hin * Win)", "Hin", "Win", spec.in_stride,
-                     "src0")
+                     "gsrc0", pitch="gsp0", phase="gsph0", halo=0)
     e("cuda.syncthreads()")
-    _emit_ll_chain(e, spec, "")
+    _emit_ll_chain(e, spec, "", _GRADIENT_GRIDS, halo=0)
 
 
-def _emit_ll_chain(e: _Emitter, spec: PlaneSpec, shift: str) -> None:
-    """Source grids ``1..L-1`` from grid 0: each the raw LL of the grid before.
+#: Level fields of region A's grids and of the ``weights_only`` gradient grids.
+_SOURCE_GRIDS = ("src", "pitch", "phase")
+_GRADIENT_GRIDS = ("gsrc", "gpitch", "gphase")
+
+
+def _emit_ll_chain(e: _Emitter, spec: PlaneSpec, shift: str, grids=_SOURCE_GRIDS,
+                   halo: int | None = None) -> None:
+    """Grids ``1..L-1`` from grid 0: each the raw LL of the grid before.
 
     ``shift`` is appended to every grid offset (``" + xshift"``: region B's
-    copy of region A's geometry).
+    copy of region A's geometry); ``grids`` names the level fields of the
+    grids' offset, pitch and phase stride, and ``halo`` their halo width
+    (default ``R``).
     """
-    R = (spec.kernel_size - 1) // 2
+    R = (spec.kernel_size - 1) // 2 if halo is None else halo
+    fsrc, fpitch, fphase = grids
     e("for j in range(1, L):")
     with e.indent():
-        e(f"srcp = {_lvl('j - 1', 'src')}{shift}", f"spp = {_lvl('j - 1', 'pitch')}",
-          f"sph = {_lvl('j - 1', 'phase')}",
+        e(f"srcp = {_lvl('j - 1', fsrc)}{shift}", f"spp = {_lvl('j - 1', fpitch)}",
+          f"sph = {_lvl('j - 1', fphase)}",
           f"Hj = {_lvl('j', 'Hj')}", f"Wj = {_lvl('j', 'Wj')}",
-          f"srcn = {_lvl('j', 'src')}{shift}", f"spn = {_lvl('j', 'pitch')}",
-          f"sphn = {_lvl('j', 'phase')}")
+          f"srcn = {_lvl('j', fsrc)}{shift}", f"spn = {_lvl('j', fpitch)}",
+          f"sphn = {_lvl('j', fphase)}")
         with _DivmodLoop(e, "it", "tid", "Hj * Wj", spec.threads, "Wj", "qy", "qx"):
             e(f"p = sb + srcp + (qy + {R}) * spp + qx + {R}",
               f"S[sb + {_phase_index('srcn', 'spn', 'sphn', 'qy', 'qx', R)}] = "
@@ -570,14 +584,17 @@ def _emit_ll_chain(e: _Emitter, spec: PlaneSpec, shift: str) -> None:
 
 
 def _emit_plane_load(e: _Emitter, spec: PlaneSpec, array: str, base: str, rows: str,
-                     cols: str, stride: int, grid: str) -> None:
-    """Copy a plane from global memory into a polyphase source grid.
+                     cols: str, stride: int, grid: str, pitch: str = "sp0",
+                     phase: str = "sph0", halo: int | None = None) -> None:
+    """Copy a plane from global memory into a polyphase grid.
 
-    Each thread issues ``LOAD_UNROLL`` independent loads before its first
-    store, so one memory latency covers several elements.
+    The grid starts at ``grid``, with row pitch ``pitch``, phase stride
+    ``phase`` and a halo of ``halo`` (default ``R``) coefficients. Each thread
+    issues ``LOAD_UNROLL`` independent loads before its first store, so one
+    memory latency covers several elements.
     """
     T, U = spec.threads, LOAD_UNROLL
-    R = (spec.kernel_size - 1) // 2
+    R = (spec.kernel_size - 1) // 2 if halo is None else halo
     e(f"gbase = {base}", f"count = {rows} * {cols}", f"ncols = {cols}",
       "# (iy, ix) of element i, stepped by T (see _DivmodLoop)")
     _DivmodLoop.setup(e, "tid", T, "ncols", "iy", "ix")
@@ -589,7 +606,7 @@ def _emit_plane_load(e: _Emitter, spec: PlaneSpec, array: str, base: str, rows: 
         for u in range(U):
             e(f"if i0 + {u * T} < count:")
             with e.indent():
-                e(f"S[sb + {_phase_index(grid, 'sp0', 'sph0', f'iy * {stride}', f'ix * {stride}', R)}]"
+                e(f"S[sb + {_phase_index(grid, pitch, phase, f'iy * {stride}', f'ix * {stride}', R)}]"
                   f" = v{u}")
             _DivmodLoop.advance(e, "ncols", "iy", "ix")
 
@@ -924,7 +941,13 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
     K, T = spec.kernel_size, spec.threads
     R, K2 = (K - 1) // 2, K * K
     chunks_cap = max(1, T // K)
-    e("# ---- weight gradients: x pyramid into region B, then correlations ----")
+    # The dy pyramid: region A in the one-kernel backward, the halo-less
+    # gradient grids in the weights_only one.
+    if spec.weights_only:
+        g0, gp0, gph0, GR = "gsrc0", "gsp0", "gsph0", 0
+    else:
+        g0, gp0, gph0, GR = "src0", "sp0", "sph0", R
+    e("# ---- weight gradients: the x pyramid, then correlations ----")
     if not spec.weights_only:  # the plane pass wrote its subbands over region B
         e(f"for i in range(tid, a_len, {T}):",
           "    S[sb + xb_off + i] = fz",
@@ -945,7 +968,7 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
           "py = ch", "while py < H:")
         with e.indent():
             e(f"fy = py + dy - {R}",
-              f"grow = sb + src0 + (py & 1) * 2 * sph0 + ((py >> 1) + {R}) * sp0 + {R}",
+              f"grow = sb + {g0} + (py & 1) * 2 * {gph0} + ((py >> 1) + {GR}) * {gp0} + {GR}",
               f"xrow = sb + xsrc0 + (fy & 1) * 2 * sph0 + ((fy >> 1) + {R}) * sp0 + {R}")
 
             def odd_column(win) -> None:
@@ -960,7 +983,7 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
                         e(f"acc_{dx} += {win(dx)} * g0")
 
             _emit_pair_window(e, K, lambda ev, m: f"xrow + {ev & 1} * sph0 + {m}{ev >> 1}",
-                              lambda h, r: f"grow + {'sph0 + ' if h else ''}m + {r}", "W >> 1",
+                              lambda h, r: f"grow + {gph0 + ' + ' if h else ''}m + {r}", "W >> 1",
                               after=odd_column)
             e("py += P")
         for dx in range(K):
@@ -996,9 +1019,14 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
             _emit_level_accumulators(e, K)
             e("qy = ch", "while qy < Hj:")
             with e.indent():
-                e(f"gp = sb + srcp + (qy + {R}) * spp + {R}",
-                  "xp = sb + srcp + xshift + (qy + dy) * spp")
-                _emit_block_window(e, K, "xp", "gp", "Wj", "sph")
+                e("xp = sb + srcp + xshift + (qy + dy) * spp")
+                if spec.weights_only:
+                    e(f"gp = sb + {_lvl('j - 1', 'gsrc')} + qy * {_lvl('j - 1', 'gpitch')}",
+                      f"gph = {_lvl('j - 1', 'gphase')}")
+                    _emit_block_window(e, K, "xp", "gp", "Wj", "sph", gphase="gph")
+                else:
+                    e(f"gp = sb + srcp + (qy + {R}) * spp + {R}")
+                    _emit_block_window(e, K, "xp", "gp", "Wj", "sph")
                 e("qy += P")
             _emit_level_item_sums(e, K, "sb + p_off")
         e("cuda.syncthreads()",
@@ -1081,7 +1109,7 @@ def _emit_pair_window(e: _Emitter, K: int, x_at, g_at, pairs: str, after=None) -
 
 
 def _emit_block_window(e: _Emitter, K: int, xp: str, gp: str, count: str, phase: str,
-                       step: int = 1) -> None:
+                       step: int = 1, gphase: str | None = None) -> None:
     """Level-tap correlations along one line of coefficients, all four subbands.
 
     A window of ``K`` Haar blocks of ``x`` slides along the line while each
@@ -1091,14 +1119,16 @@ def _emit_block_window(e: _Emitter, K: int, xp: str, gp: str, count: str, phase:
     loop over ``qx`` is unrolled ``K`` times, so the window turns by renaming,
     not by moves, and a guarded tail takes the last ``count % K``
     coefficients. ``step`` 1 walks a row (``d`` is the tap column), the grid's
-    pitch a column (``d`` is the tap row). Shared by the plane and tile
-    kernels' weight gradients.
+    pitch a column (``d`` is the tap row). ``phase`` is the phase stride of
+    both grids unless ``gphase`` gives the gradient's own. Shared by the plane
+    and tile kernels' weight gradients.
     """
+    gphase = phase if gphase is None else gphase
     walk = "qx" if step == 1 else f"qx * {step}"
 
     def step_at(r: int) -> None:  # coefficient qx + r
         _butterfly(e, "xu", (r + K - 1) % K, f"{xp} + {walk} + {(r + K - 1) * step}", phase)
-        _butterfly(e, "gu", "", f"{gp} + {walk} + {r * step}", phase)
+        _butterfly(e, "gu", "", f"{gp} + {walk} + {r * step}", gphase)
         for k in range(4):
             for d in range(K):
                 e(f"acc{k}_{d} += xu{k}_{(r + d) % K} * gu{k}_")

@@ -431,8 +431,9 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
     strip = tuning.strip or default.strip
     threads = tuning.threads or default.threads
     max_registers = default.max_registers if tuning.max_registers is None else tuning.max_registers
+    weights_only = backward and dx_from_forward(p, shared_limit, max_slots, tuning)
     layout = plane_layout(p.height, p.width, p.levels, p.kernel_size, strip, threads,
-                          in_stride, out_stride, backward)
+                          in_stride, out_stride, backward, weights_only)
     planes = p.batch * p.channels
     slot_bytes = 4 * layout.slot_floats
     scratch = slot_bytes > shared_limit
@@ -466,7 +467,7 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
             dims = np.array([p.batch, p.channels, p.levels, int(p.has_bias), nchunks // upart],
                             dtype=np.int64)
             dims.setflags(write=False)
-        if dx_from_forward(p, shared_limit, max_slots, tuning):
+        if weights_only:
             spec = spec._replace(weights_only=True)  # dx: the forward kernels
     geo = with_problem(layout, p.channels, planes, p.has_bias, rb)
     geo.setflags(write=False)  # shared by every call through the plan cache

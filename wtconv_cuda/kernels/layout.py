@@ -11,6 +11,11 @@ Buffer layout, in float32 elements::
 
     [ folded weights | region A: source grids 0..L-1 | region B | unit sums ]
 
+and, for the backward that computes the weight gradients alone
+(``weights_only``: ``dx`` comes from the forward kernels)::
+
+    [ region A: the x pyramid | gradient grids 0..L-1 | partial sums | unit sums ]
+
 * *Folded weights*: ``K*K`` base taps, then ``4*K*K`` taps per level (scale and
   the Haar factor 1/2 folded in), then the folded bias.
 * *Source grid j* holds level j's raw LL coefficients (grid 0 is the input
@@ -28,6 +33,15 @@ Buffer layout, in float32 elements::
 * *Unit sums* (backward only, at ``w_off``): the ``ntaps`` weight-gradient
   sums of the work unit, added up over its ``rb`` planes (one channel,
   consecutive batch entries) and written out once per unit.
+* *Gradient grids* (``weights_only`` only): the ``dy`` pyramid, polyphase
+  like region A but without halos (``dy`` is only read at the coefficient it
+  multiplies, never shifted) and without the strip's row rounding; their
+  offsets, pitches and phase strides are the level fields ``gsrc``,
+  ``gpitch`` and ``gphase``. Elsewhere those fields repeat ``src``,
+  ``pitch`` and ``phase`` (the ``dy`` pyramid is region A itself). Without
+  the folded weights, the subbands and the halos, the working set of a 56 x
+  56 plane at L 5, K 5 drops from 68.5 KB to 55.6 KB: four blocks per SM
+  instead of three.
 """
 
 from __future__ import annotations
@@ -44,7 +58,7 @@ HEADER_FIELDS = (
 )
 HEADER = {name: i for i, name in enumerate(HEADER_FIELDS)}
 #: Per-level fields, ``LEVEL_FIELDS`` entries for each level 0..L.
-LEVEL_FIELDS = ("Hj", "Wj", "src", "pitch", "phase", "z")
+LEVEL_FIELDS = ("Hj", "Wj", "src", "pitch", "phase", "z", "gsrc", "gpitch", "gphase")
 LEVEL_BASE = len(HEADER_FIELDS)
 LEVEL_STRIDE = len(LEVEL_FIELDS)
 
@@ -162,7 +176,7 @@ def bias_index(kernel_size: int, levels: int) -> int:
 @lru_cache(maxsize=256)
 def plane_layout(h: int, w: int, levels: int, kernel_size: int, strip: int,
                  threads: int, in_stride: int, out_stride: int,
-                 backward: bool) -> PlaneLayout:
+                 backward: bool, weights_only: bool = False) -> PlaneLayout:
     """Lay out one plane's working buffer.
 
     Parameters
@@ -184,18 +198,29 @@ def plane_layout(h: int, w: int, levels: int, kernel_size: int, strip: int,
         subsampling factor of the output (forward: ``stride``).
     backward : bool
         Reserve the backward kernel's extra space (``x`` pyramid, partials).
+    weights_only : bool, default False
+        Lay out the backward that computes the weight gradients alone: no
+        folded weights, no subbands; region A holds the ``x`` pyramid and the
+        ``dy`` pyramid follows it in halo-less gradient grids.
 
     Returns
     -------
     PlaneLayout
         The table, the buffer size and the number of gradient taps.
+
+    Raises
+    ------
+    ValueError
+        ``weights_only`` without ``backward``.
     """
+    if weights_only and not backward:
+        raise ValueError("weights_only is a backward layout")
     radius = (kernel_size - 1) // 2
     shapes = level_shapes(h, w, levels)
     hin, win = _ceil_div(h, in_stride), _ceil_div(w, in_stride)
     hout, wout = _ceil_div(h, out_stride), _ceil_div(w, out_stride)
 
-    wreg = weight_region(kernel_size, levels)
+    wreg = 0 if weights_only else weight_region(kernel_size, levels)
     # Region A: source grids 0..max(L-1, 0), four phase planes each.
     srcs, pitches, phases = [], [], []
     offset = wreg
@@ -210,19 +235,33 @@ def plane_layout(h: int, w: int, levels: int, kernel_size: int, strip: int,
         offset += 4 * rows * pitch
     a_off, a_len = wreg, offset - wreg
 
-    # Region B: the convolved subbands z_1..z_L.
-    z_offs = [0]
-    z_end = offset
-    for j in range(1, levels + 1):
-        hj, wj = shapes[j]
-        z_offs.append(z_end)
-        z_end += 4 * hj * wj
-    slot = z_end
-
-    xb_off = p_off = 0
+    if weights_only:  # x is region A; the dy pyramid follows, without halos
+        xb_off = a_off
+        gsrcs, gpitches, gphases = [], [], []
+        for j in range(max(levels, 1)):
+            hj, wj = shapes[j]
+            pitch = _ceil_div(wj, 2)
+            pitch += 1 - pitch % 2
+            gsrcs.append(offset)
+            gpitches.append(pitch)
+            gphases.append(_ceil_div(hj, 2) * pitch)
+            offset += 4 * gphases[-1]
+        p_off = offset
+        z_offs = [0] * (levels + 1)
+    else:
+        gsrcs, gpitches, gphases = srcs, pitches, phases
+        # Region B: the convolved subbands z_1..z_L.
+        z_offs = [0]
+        for j in range(1, levels + 1):
+            hj, wj = shapes[j]
+            z_offs.append(offset)
+            offset += 4 * hj * wj
+        xb_off = p_off = 0
+        if backward:
+            xb_off = a_off + a_len  # x pyramid: region A's geometry, shifted
+            p_off = xb_off + a_len
+    slot = offset
     if backward:
-        xb_off = offset  # x pyramid: region A's geometry, shifted
-        p_off = xb_off + a_len
         chunks0 = row_chunks(h, kernel_size, threads)
         partial = kernel_size * chunks0 * kernel_size + chunks0
         for j in range(1, levels + 1):
@@ -248,7 +287,10 @@ def plane_layout(h: int, w: int, levels: int, kernel_size: int, strip: int,
         geo[base + 2] = srcs[j] if j < len(srcs) else 0
         geo[base + 3] = pitches[j] if j < len(pitches) else 0
         geo[base + 4] = phases[j] if j < len(phases) else 0
-        geo[base + 5] = z_offs[j] if j < len(z_offs) else 0
+        geo[base + 5] = z_offs[j]
+        geo[base + 6] = gsrcs[j] if j < len(gsrcs) else 0
+        geo[base + 7] = gpitches[j] if j < len(gpitches) else 0
+        geo[base + 8] = gphases[j] if j < len(gphases) else 0
     geo.setflags(write=False)
     return PlaneLayout(geo, slot, ntaps)
 
