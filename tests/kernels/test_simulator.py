@@ -197,13 +197,15 @@ def test_fused_finalize_matches_two_launches(rng, threads, batch_chunk, group, s
         np.testing.assert_array_equal(fused_array, two_launch_array)
 
 
-@pytest.mark.parametrize("levels,k,shared_limit", [(0, 3, 227 * 1024), (2, 5, 227 * 1024),
-                                                    (3, 3, 0)])
-def test_dx_from_the_forward_kernels(rng, levels, k, shared_limit):
+@pytest.mark.parametrize("levels,k,shared_limit,batch_chunk", [
+    (0, 3, 227 * 1024, None), (2, 5, 227 * 1024, 3), (3, 3, 0, None), (3, 3, 227 * 1024, 2)])
+def test_dx_from_the_forward_kernels(rng, levels, k, shared_limit, batch_chunk):
     """A stride-1 backward with dx from the forward kernels runs wtconv_flip, the forward on
     dy and the weights-only plane kernel; its weight gradients are bit for bit the full
     plane kernel's (same pyramids, same sums) and both match the oracle. (Problems this
-    small take the full plane kernel by default.)"""
+    small take the full plane kernel by default.) Work units of several planes run them
+    in one slot, one after the other: what one plane leaves there (the subbands written
+    over the odd grids' padding) must not reach the next."""
     shape = (3, 2, 9, 7)
     problem = Problem(*shape, k, levels, 1, "float32", True)
     x = rng.standard_normal(shape).astype(np.float32)
@@ -213,7 +215,7 @@ def test_dx_from_the_forward_kernels(rng, levels, k, shared_limit):
     results = {}
     assert not plan_plane(problem, True, shared_limit, 2).spec.weights_only
     for dx_forward in (True, False):
-        tuning = Tuning(dx_forward=dx_forward)
+        tuning = Tuning(dx_forward=dx_forward, batch_chunk=batch_chunk)
         backend = RecordingBackend(shared_limit=shared_limit)
         dx = np.full(shape, np.nan, np.float32)
         grads = Weights(*(np.full(a.shape, np.nan, np.float32) for a in weights))
