@@ -339,8 +339,8 @@ DX_CASES += [((3, 4, 56, 56), 5, 5, 1), ((4, 6, 14, 14), 3, 5, 1), ((2, 3, 9, 6)
 DX_CASES = [case for case in DX_CASES if case[2] in KERNEL_SIZES]
 
 
-#: Work units of several planes (one slot runs them in turn) on odd grids, whose
-#: padding the weights-only kernel must zero again between planes.
+#: Work units of several planes (one slot runs them in turn) on odd grids: the zero
+#: padding one plane reads must still be zero for the next.
 DX_UNIT_CASES = [((5, 3, 17, 23), 4, k, 1, 3) for k in KERNEL_SIZES]
 
 

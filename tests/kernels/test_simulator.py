@@ -204,8 +204,8 @@ def test_dx_from_the_forward_kernels(rng, levels, k, shared_limit, batch_chunk):
     dy and the weights-only plane kernel; its weight gradients are bit for bit the full
     plane kernel's (same pyramids, same sums) and both match the oracle. (Problems this
     small take the full plane kernel by default.) Work units of several planes run them
-    in one slot, one after the other: what one plane leaves there (the subbands written
-    over the odd grids' padding) must not reach the next."""
+    in one slot, one after the other: what one plane leaves there (its pyramids, the odd
+    grids' zero padding read as halo) must not reach the next."""
     shape = (3, 2, 9, 7)
     problem = Problem(*shape, k, levels, 1, "float32", True)
     x = rng.standard_normal(shape).astype(np.float32)

@@ -254,11 +254,6 @@ def _butterfly(emit: _Emitter, out: str, idx, base: str, phase: str) -> None:
          f"{out}2_{idx} = _m + _n", f"{out}3_{idx} = _m - _n")
 
 
-def _subband_loads(emit: _Emitter, out: str, idx, base: str, phase: str) -> None:
-    """Load a block's four subbands, stored where its phases were: ``{out}k_{idx}``."""
-    emit(*(f"{out}{k}_{idx} = S[{base} + {k} * {phase}]" for k in range(4)))
-
-
 def _phase_index(src: str, pitch: str, phase: str, row: str, col: str, R: int) -> str:
     """Index of full-resolution element ``(row, col)`` of a polyphase source grid."""
     return (f"{src} + (({row}) & 1) * 2 * {phase} + (({col}) & 1) * {phase} + "
@@ -1008,8 +1003,6 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
           f"        tot += S[sb + p_off + nit * {K} + ch]",
           "if valid:",
           "    S[sb + w_off + t] += tot")
-    if spec.weights_only:  # the grids' raw values are no longer needed
-        _emit_subband_transform(e, spec)
     e("cuda.syncthreads()")
 
     e("# level taps: item = (tap row dy, row chunk of coefficients), all 4 subbands",
@@ -1030,8 +1023,7 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
                 if spec.weights_only:
                     e(f"gp = sb + {_lvl('j - 1', 'gsrc')} + qy * {_lvl('j - 1', 'gpitch')}",
                       f"gph = {_lvl('j - 1', 'gphase')}")
-                    _emit_block_window(e, K, "xp", "gp", "Wj", "sph", gphase="gph",
-                                       subbands=True)
+                    _emit_block_window(e, K, "xp", "gp", "Wj", "sph", gphase="gph")
                 else:
                     e(f"gp = sb + srcp + (qy + {R}) * spp + {R}")
                     _emit_block_window(e, K, "xp", "gp", "Wj", "sph")
@@ -1047,71 +1039,6 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
               "if valid:",
               f"    S[sb + w_off + {K2 + 1} + (j - 1) * {4 * K2} + t] += tot")
         e("cuda.syncthreads()")
-    if spec.weights_only:
-        _emit_padding_reset(e, spec)
-
-
-def _emit_subband_transform(e: _Emitter, spec: PlaneSpec) -> None:
-    """``weights_only``: turn every grid's 2x2 blocks into their Haar subbands, in place.
-
-    After the base taps only the level taps read the grids, and they want
-    each coefficient's subbands (twice LL, LH, HL, HH: :func:`_butterfly`'s
-    values, computed the same way). Computed once here, instead of once per
-    tap row in every window step, and stored over the block's four phase
-    entries: entry ``k`` becomes subband ``k``. Halos stay zero; the padding
-    of odd grids does not (see :func:`_emit_padding_reset`).
-    """
-    R = (spec.kernel_size - 1) // 2
-    e("# every grid's Haar blocks into their subbands, in place (x, then dy)",
-      "for j in range(L):")
-    with e.indent():
-        e(f"srcp = {_lvl('j', 'src')} + xshift", f"spp = {_lvl('j', 'pitch')}",
-          f"sph = {_lvl('j', 'phase')}", f"gsrcp = {_lvl('j', 'gsrc')}",
-          f"gpp = {_lvl('j', 'gpitch')}", f"gph = {_lvl('j', 'gphase')}",
-          f"Hq = {_lvl('j + 1', 'Hj')}", f"Wq = {_lvl('j + 1', 'Wj')}")
-        with _DivmodLoop(e, "it", "tid", "Hq * Wq", spec.threads, "Wq", "qy", "qx"):
-            for name, base, phase in (("xq", f"sb + srcp + (qy + {R}) * spp + qx + {R}", "sph"),
-                                      ("gq", "sb + gsrcp + qy * gpp + qx", "gph")):
-                e(f"{name} = {base}")
-                _butterfly(e, "u", "", name, phase)
-                for k in range(4):
-                    e(f"S[{name} + {k} * {phase}] = u{k}_")
-
-
-def _emit_padding_reset(e: _Emitter, spec: PlaneSpec) -> None:
-    """``weights_only``: zero the padding of odd grids again for the next plane.
-
-    A grid of odd height (width) pads its last block row (column) with zeros
-    that the loads and the LL chain never write; the subband transform wrote
-    over them. The reads of this plane ended at the last barrier, and the
-    next plane's first write follows a barrier.
-    """
-    R = (spec.kernel_size - 1) // 2
-    e("# zeros back into the padding of odd grids (the subbands wrote over it)",
-      "for j in range(L):")
-    with e.indent():
-        e(f"Hg = {_lvl('j', 'Hj')}", f"Wg = {_lvl('j', 'Wj')}",
-          f"Hq = {_lvl('j + 1', 'Hj')}", f"Wq = {_lvl('j + 1', 'Wj')}",
-          f"xrow = sb + {_lvl('j', 'src')} + xshift + {R} * {_lvl('j', 'pitch')} + {R}",
-          f"spp = {_lvl('j', 'pitch')}", f"sph = {_lvl('j', 'phase')}",
-          f"grow = sb + {_lvl('j', 'gsrc')}", f"gpp = {_lvl('j', 'gpitch')}",
-          f"gph = {_lvl('j', 'gphase')}",
-          "if (Hg & 1) != 0:  # phases 2 and 3 of the last block row")
-        with e.indent():
-            e(f"for qx in range(tid, Wq, {spec.threads}):")
-            with e.indent():
-                e("S[xrow + (Hq - 1) * spp + 2 * sph + qx] = fz",
-                  "S[xrow + (Hq - 1) * spp + 3 * sph + qx] = fz",
-                  "S[grow + (Hq - 1) * gpp + 2 * gph + qx] = fz",
-                  "S[grow + (Hq - 1) * gpp + 3 * gph + qx] = fz")
-        e("if (Wg & 1) != 0:  # phases 1 and 3 of the last block column")
-        with e.indent():
-            e(f"for qy in range(tid, Hq, {spec.threads}):")
-            with e.indent():
-                e("S[xrow + qy * spp + sph + Wq - 1] = fz",
-                  "S[xrow + qy * spp + 3 * sph + Wq - 1] = fz",
-                  "S[grow + qy * gpp + gph + Wq - 1] = fz",
-                  "S[grow + qy * gpp + 3 * gph + Wq - 1] = fz")
 
 
 def _emit_level_accumulators(e: _Emitter, K: int) -> None:
@@ -1182,8 +1109,7 @@ def _emit_pair_window(e: _Emitter, K: int, x_at, g_at, pairs: str, after=None) -
 
 
 def _emit_block_window(e: _Emitter, K: int, xp: str, gp: str, count: str, phase: str,
-                       step: int = 1, gphase: str | None = None,
-                       subbands: bool = False) -> None:
+                       step: int = 1, gphase: str | None = None) -> None:
     """Level-tap correlations along one line of coefficients, all four subbands.
 
     A window of ``K`` Haar blocks of ``x`` slides along the line while each
@@ -1194,18 +1120,15 @@ def _emit_block_window(e: _Emitter, K: int, xp: str, gp: str, count: str, phase:
     not by moves, and a guarded tail takes the last ``count % K``
     coefficients. ``step`` 1 walks a row (``d`` is the tap column), the grid's
     pitch a column (``d`` is the tap row). ``phase`` is the phase stride of
-    both grids unless ``gphase`` gives the gradient's own. With ``subbands``
-    the grids already hold each block's subbands (:func:`_emit_subband_transform`)
-    and are only loaded. Shared by the plane and tile kernels' weight
-    gradients.
+    both grids unless ``gphase`` gives the gradient's own. Shared by the plane
+    and tile kernels' weight gradients.
     """
     gphase = phase if gphase is None else gphase
     walk = "qx" if step == 1 else f"qx * {step}"
-    block = _subband_loads if subbands else _butterfly
 
     def step_at(r: int) -> None:  # coefficient qx + r
-        block(e, "xu", (r + K - 1) % K, f"{xp} + {walk} + {(r + K - 1) * step}", phase)
-        block(e, "gu", "", f"{gp} + {walk} + {r * step}", gphase)
+        _butterfly(e, "xu", (r + K - 1) % K, f"{xp} + {walk} + {(r + K - 1) * step}", phase)
+        _butterfly(e, "gu", "", f"{gp} + {walk} + {r * step}", gphase)
         for k in range(4):
             for d in range(K):
                 e(f"acc{k}_{d} += xu{k}_{(r + d) % K} * gu{k}_")
@@ -1219,7 +1142,7 @@ def _emit_block_window(e: _Emitter, K: int, xp: str, gp: str, count: str, phase:
             tail(r + 1)
 
     for m in range(K - 1):
-        block(e, "xu", m, f"{xp} + {m * step}", phase)
+        _butterfly(e, "xu", m, f"{xp} + {m * step}", phase)
     e("qx = 0", f"while qx + {K} <= {count}:")
     with e.indent():
         for r in range(K):
