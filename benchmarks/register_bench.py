@@ -61,9 +61,9 @@ def main(argv=None) -> int:
         runs[f"r{threads}:{cap}"] = Tuning(registers=True, threads=threads, max_registers=cap)
     problems = [Problem(b, c, h, w, args.kernel_size, lv, 1, storage, True)
                 for b, c, h, w, lv in map(parse_config, args.configs) for storage in args.storage]
-    specs = {spec for p in problems for t in runs.values()
+    specs = [spec for p in problems for t in runs.values()
              for spec in planned_specs(p, args.backward, backend.shared_limit,
-                                       backend.max_slots, t)}
+                                       backend.max_slots, t)]
     kernels = kernel_report(specs, backend)
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)

@@ -33,7 +33,7 @@ import numpy as np
 import cupy
 
 from wtconv_cuda._bench.core import CupyEventTimer, paper_grid, time_median
-from wtconv_cuda.kernels.compiler import gpu_kernel, parse_compute_capability
+from wtconv_cuda.kernels.compiler import distinct, gpu_kernel, parse_compute_capability
 from wtconv_cuda.kernels.launch import (
     CupyBackend, Problem, Tuning, Weights, plan_plane, plan_split, plan_tiles, planned_specs,
     run_forward,
@@ -73,8 +73,10 @@ def problems(configs, storages, k):
 def kernel_report(specs, backend):
     """Compile ``specs`` on 16 processes, load them and print their registers and local memory.
 
-    Returns ``{repr(spec): {"regs", "local_bytes"}}``.
+    Returns ``{repr(spec): {"regs", "local_bytes"}}``. Repeats are dropped by type and
+    value (:func:`wtconv_cuda.kernels.compiler.distinct`).
     """
+    specs = distinct(specs)
     cc = parse_compute_capability(cupy.cuda.Device().compute_capability)
     compile_all(sorted(specs, key=repr), cc, 16)
     kernels = {}
@@ -165,18 +167,18 @@ def main():
     whole["auto"] = Tuning()
     configs = grid_configs(args.levels, args.configs)
 
-    specs = set()
+    specs = []
     for problem in problems(configs, args.storage, args.k):
         if not args.no_plane:
-            specs.add(plan_plane(problem, False, backend.shared_limit, backend.max_slots,
+            specs.append(plan_plane(problem, False, backend.shared_limit, backend.max_slots,
                                  Tuning(tiles=False)).spec)
         for variant in variants.values():
             plan = tile_plan(problem, backend, variant)
             if plan is not None:
-                specs.add(plan.spec)
+                specs.append(plan.spec)
         for tuning in whole.values():
             if tuning.split is None or plan_split(problem, backend.shared_limit, tuning):
-                specs.update(planned_specs(problem, False, backend.shared_limit,
+                specs.extend(planned_specs(problem, False, backend.shared_limit,
                                            backend.max_slots, tuning))
     kernels = kernel_report(specs, backend)
 
@@ -263,14 +265,14 @@ def backward_main(args, backend, bandwidth):
         return tuning == Tuning() or plan_tiles(problem, backend.shared_limit, tuning,
                                                 backward=True) is not None
 
-    specs = set()
+    specs = []
     for problem in problems(configs, args.storage, args.k):
-        specs.add(plan_plane(problem, True, backend.shared_limit, backend.max_slots,
+        specs.append(plan_plane(problem, True, backend.shared_limit, backend.max_slots,
                              Tuning(tiles=False)).spec)
-        specs.add(FinalizeSpec(args.k, problem.storage, FINALIZE_THREADS))
+        specs.append(FinalizeSpec(args.k, problem.storage, FINALIZE_THREADS))
         for tuning in variants.values():
             if runs_here(problem, tuning):
-                specs.update(planned_specs(problem, True, backend.shared_limit,
+                specs.extend(planned_specs(problem, True, backend.shared_limit,
                                            backend.max_slots, tuning))
     kernels = kernel_report(specs, backend)
     rng = np.random.default_rng(1)

@@ -178,6 +178,25 @@ class Tuning(NamedTuple):
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 #: The array dtype of each storage type (bfloat16 travels as raw bits).
 _VIEW_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
+
+
+def storage_words(count: int, storage: str) -> int:
+    """float32 words that hold ``count`` elements of ``storage`` type (rounded up).
+
+    Parameters
+    ----------
+    count : int
+        Elements.
+    storage : str
+        ``"float32"``, ``"float16"`` or ``"bfloat16"``.
+
+    Returns
+    -------
+    int
+    """
+    return -(-count * ITEMSIZE[storage] // 4)
+
+
 #: The backward's weight-gradient partials aim at no more than this fraction
 #: of the bytes of ``x`` (see :func:`batch_chunk`).
 PARTIAL_FRACTION = 1 / 8
@@ -908,7 +927,24 @@ def _small_plane_tiles(p: Problem, shared_limit: int, tuning: Tuning, backward: 
     return None if fine is None else (c, fine)
 
 
-class CupyBackend:
+class _ArrayViews:
+    """Work-buffer views of the array backends (CuPy and NumPy slice alike)."""
+
+    def view(self, buffer, start: int, count: int):
+        """Elements ``start .. start + count`` of a float32 work buffer (a view)."""
+        return buffer[start:start + count]
+
+    def typed_view(self, buffer, start: int, count: int, storage: str):
+        """``count`` elements of ``storage`` type from element ``start`` of a float32
+        work buffer (a view; bfloat16 as ``uint16``)."""
+        words = storage_words(count, storage)
+        return buffer[start:start + words].view(_VIEW_DTYPES[storage])[:count]
+
+    def release(self, buffer) -> None:
+        """Nothing: a work buffer returns to the pool when its last reference goes."""
+
+
+class CupyBackend(_ArrayViews):
     """Launches on the current CuPy device and stream.
 
     Parameters
@@ -1040,21 +1076,8 @@ class CupyBackend:
         """
         return self._cupy.empty(max(n, 1), dtype=self._cupy.float32)
 
-    def view(self, buffer, start: int, count: int):
-        """Elements ``start .. start + count`` of a float32 work buffer (a view)."""
-        return buffer[start:start + count]
 
-    def typed_view(self, buffer, start: int, count: int, storage: str):
-        """``count`` elements of ``storage`` type from element ``start`` of a float32
-        work buffer (a view; bfloat16 as ``uint16``)."""
-        words = -(-count * ITEMSIZE[storage] // 4)
-        return buffer[start:start + words].view(_VIEW_DTYPES[storage])[:count]
-
-    def release(self, buffer) -> None:
-        """Nothing: a work buffer returns to the pool when its last reference goes."""
-
-
-class SimulatorBackend:
+class SimulatorBackend(_ArrayViews):
     """Runs the generated kernels in numba's CUDA simulator on NumPy arrays.
 
     Parameters
@@ -1141,19 +1164,6 @@ class SimulatorBackend:
             At least one element, like the GPU backend's buffers.
         """
         return np.full(max(n, 1), np.nan, dtype=np.float32)
-
-    def view(self, buffer, start: int, count: int):
-        """Elements ``start .. start + count`` of a float32 work buffer (a view)."""
-        return buffer[start:start + count]
-
-    def typed_view(self, buffer, start: int, count: int, storage: str):
-        """``count`` elements of ``storage`` type from element ``start`` of a float32
-        work buffer (a view; bfloat16 as ``uint16``)."""
-        words = -(-count * ITEMSIZE[storage] // 4)
-        return buffer[start:start + words].view(_VIEW_DTYPES[storage])[:count]
-
-    def release(self, buffer) -> None:
-        """Nothing: a work buffer returns to the pool when its last reference goes."""
 
 
 def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots: int,
@@ -1536,9 +1546,8 @@ def flipped_filter_floats(problem: Problem) -> int:
         The base filters ``(C, K, K)`` and then the level filters ``(L, C, 4,
         K, K)``, in the storage type, each rounded up to whole float32 words.
     """
-    size = ITEMSIZE[problem.storage]
     base, levels = _filter_counts(problem)
-    return -(-base * size // 4) + -(-levels * size // 4)
+    return storage_words(base, problem.storage) + storage_words(levels, problem.storage)
 
 
 def _filter_counts(problem: Problem) -> tuple[int, int]:
@@ -1552,7 +1561,7 @@ def _run_dx_forward(backend, problem: Problem, dy, dx, weights: Weights) -> None
     :mod:`wtconv_cuda.kernels.flip`). Its work buffers are released on return."""
     n0, nw = _filter_counts(problem)
     buf = backend.float32(flipped_filter_floats(problem))
-    base_words = -(-n0 * ITEMSIZE[problem.storage] // 4)
+    base_words = storage_words(n0, problem.storage)
     f0 = backend.typed_view(buf, 0, n0, problem.storage)
     fw = backend.typed_view(buf, base_words, nw, problem.storage)
     backend.call(backend.kernel(FlipSpec(problem.storage, problem.kernel_size)),
