@@ -333,8 +333,9 @@ def test_fused_finalize_matches_two_launches(shape, levels, k, stride, storage):
 
 
 #: Stride-1 backwards on the plane kernel: odd planes of every level count's
-#: kind, and the ConvNeXt-T 56 x 56 and 14 x 14 stages' launch shapes.
-DX_CASES = [((2, 3, 17, 23), 3, k, 1) for k in KERNEL_SIZES]
+#: kind (none, one, a chain, down to 1 x 1 grids), and the ConvNeXt-T 56 x 56
+#: and 14 x 14 stages' launch shapes.
+DX_CASES = [((2, 3, 17, 23), levels, k, 1) for levels in (0, 1, 3, 6) for k in KERNEL_SIZES]
 DX_CASES += [((3, 4, 56, 56), 5, 5, 1), ((4, 6, 14, 14), 3, 5, 1), ((2, 3, 9, 6), 0, 3, 1)]
 DX_CASES = [case for case in DX_CASES if case[2] in KERNEL_SIZES]
 

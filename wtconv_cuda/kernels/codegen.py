@@ -1019,14 +1019,14 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
             _emit_level_accumulators(e, K)
             e("qy = ch", "while qy < Hj:")
             with e.indent():
-                e("xp = sb + srcp + xshift + (qy + dy) * spp")
                 if spec.weights_only:
                     e(f"gp = sb + {_lvl('j - 1', 'gsrc')} + qy * {_lvl('j - 1', 'gpitch')}",
                       f"gph = {_lvl('j - 1', 'gphase')}")
-                    _emit_block_window(e, K, "xp", "gp", "Wj", "sph", gphase="gph")
                 else:
                     e(f"gp = sb + srcp + (qy + {R}) * spp + {R}")
-                    _emit_block_window(e, K, "xp", "gp", "Wj", "sph")
+                e("xp = sb + srcp + xshift + (qy + dy) * spp")
+                _emit_block_window(e, K, "xp", "gp", "Wj", "sph",
+                                   gphase="gph" if spec.weights_only else None)
                 e("qy += P")
             _emit_level_item_sums(e, K, "sb + p_off")
         e("cuda.syncthreads()",
