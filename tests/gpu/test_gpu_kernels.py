@@ -340,19 +340,22 @@ DX_CASES += [((3, 4, 56, 56), 5, 5, 1), ((4, 6, 14, 14), 3, 5, 1), ((2, 3, 9, 6)
 DX_CASES = [case for case in DX_CASES if case[2] in KERNEL_SIZES]
 
 
-#: Work units of several planes (one slot runs them in turn) on odd grids: the zero
-#: padding one plane reads must still be zero for the next.
-DX_UNIT_CASES = [((5, 3, 17, 23), 4, k, 1, 3) for k in KERNEL_SIZES]
+#: Launch shapes forced on both paths: work units of several planes (one slot runs
+#: them in turn) on odd grids, where the zero padding one plane reads must still be
+#: zero for the next; planes of 160 threads (five warps).
+DX_TUNED_CASES = [((5, 3, 17, 23), 4, k, 1, Tuning(batch_chunk=3)) for k in KERNEL_SIZES]
+DX_TUNED_CASES += [((2, 3, 17, 23), 3, k, 1, Tuning(threads=160)) for k in KERNEL_SIZES]
+DX_TUNED_CASES += [((3, 4, 56, 56), 5, 5, 1, Tuning(threads=160))] if 5 in KERNEL_SIZES else []
 
 
 @pytest.mark.parametrize("storage", list(DTYPES))
-@pytest.mark.parametrize("shape,levels,k,stride,batch_chunk",
-                         [case + (None,) for case in DX_CASES] + DX_UNIT_CASES)
-def test_dx_in_the_plane_kernel_or_the_forward(shape, levels, k, stride, batch_chunk, storage):
+@pytest.mark.parametrize("shape,levels,k,stride,tuning",
+                         [case + (Tuning(),) for case in DX_CASES] + DX_TUNED_CASES)
+def test_dx_in_the_plane_kernel_or_the_forward(shape, levels, k, stride, tuning, storage):
     """A stride-1 backward with dx from the forward kernels (the plane kernel for the weight
     gradients alone) and the plane kernel doing both both pass the oracle; the weight
     gradients are bit for bit the same (same pyramids, same sums)."""
-    tunings = [Tuning(dx_forward=flag, batch_chunk=batch_chunk) for flag in (True, False)]
+    tunings = [tuning._replace(dx_forward=flag) for flag in (True, False)]
     _, forward_grads = run_case(shape, levels, k, stride, storage, tuning=tunings[0])
     _, plane_grads = run_case(shape, levels, k, stride, storage, tuning=tunings[1])
     for a, b in zip(forward_grads, plane_grads):
