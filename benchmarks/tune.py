@@ -55,7 +55,8 @@ def main():
     parser.add_argument("--json", default=None)
     parser.add_argument("--threads", type=int, nargs="+", default=[32, 64, 128])
     parser.add_argument("--strips", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--regs", type=int, nargs="+", default=[0, 64])
+    parser.add_argument("--regs", type=int, nargs="+", default=[0, 64],
+                        help="register caps (0: no cap)")
     parser.add_argument("--groups", type=int, nargs="+", default=[0])
     parser.add_argument("--warp-sync", nargs="+", default=["auto"], choices=["auto", "0", "1"],
                         help="syncwarp groups: auto (on for 32 threads), 0 or 1")
@@ -75,7 +76,10 @@ def main():
     ws = {"auto": None, "0": False, "1": True}
     if args.tunings:
         fields = [t.split(":") for t in args.tunings]
-        tunings = [Tuning(int(t), int(q), int(r), int(g) or None, ws[w]) for t, q, r, g, w in fields]
+        # 0 takes the planner's default (REGS: launch.REGISTER_CAP), as the help says; a
+        # literal 0 would compile without a register cap.
+        tunings = [Tuning(int(t), int(q), int(r) or None, int(g) or None, ws[w])
+                   for t, q, r, g, w in fields]
     else:
         tunings = [Tuning(t, s, r, g or None, ws[w]) for t, s, r, g, w in
                    itertools.product(args.threads, args.strips, args.regs, args.groups,

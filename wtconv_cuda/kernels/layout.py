@@ -40,7 +40,7 @@ and, for the backward that computes the weight gradients alone
   ``gpitch`` and ``gphase``. Elsewhere those fields repeat ``src``,
   ``pitch`` and ``phase`` (the ``dy`` pyramid is region A itself). Without
   the folded weights, the subbands and the halos, the working set of a 56 x
-  56 plane at L 5, K 5 drops from 68.5 KB to 55.6 KB: four blocks per SM
+  56 plane at L 5, K 5 drops from 68.5 KB to 55.5 KB: four blocks per SM
   instead of three.
 """
 
