@@ -71,6 +71,11 @@ def _round_up(a: int, b: int) -> int:
     return _ceil_div(a, b) * b
 
 
+def _odd_pitch(a: int) -> int:
+    """``a`` rounded up to odd: row-strided accesses then spread over all banks."""
+    return a + 1 - a % 2
+
+
 def level_shapes(h: int, w: int, levels: int) -> list[tuple[int, int]]:
     """Grid sizes ``(H_j, W_j)`` for ``j = 0..levels`` (sizes halve with ceil).
 
@@ -227,8 +232,7 @@ def plane_layout(h: int, w: int, levels: int, kernel_size: int, strip: int,
     for j in range(max(levels, 1)):
         hj, wj = shapes[j]
         rows = _round_up(_ceil_div(hj, 2), strip) + 2 * radius
-        pitch = _ceil_div(wj, 2) + 2 * radius
-        pitch += 1 - pitch % 2  # odd: row-strided accesses spread over all banks
+        pitch = _odd_pitch(_ceil_div(wj, 2) + 2 * radius)
         srcs.append(offset)
         pitches.append(pitch)
         phases.append(rows * pitch)
@@ -240,8 +244,7 @@ def plane_layout(h: int, w: int, levels: int, kernel_size: int, strip: int,
         gsrcs, gpitches, gphases = [], [], []
         for j in range(max(levels, 1)):
             hj, wj = shapes[j]
-            pitch = _ceil_div(wj, 2)
-            pitch += 1 - pitch % 2
+            pitch = _odd_pitch(_ceil_div(wj, 2))
             gsrcs.append(offset)
             gpitches.append(pitch)
             gphases.append(_ceil_div(hj, 2) * pitch)
