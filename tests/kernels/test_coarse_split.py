@@ -34,6 +34,7 @@ SPLIT_CASES = [
     ((1, 2, 21, 19), 3, 3, 1, 8, 32, 2, "float32", True),
     ((1, 1, 20, 18), 4, 3, 2, 8, 32, 2, "float16", False),
     ((2, 1, 17, 12), 3, 5, 2, 8, 32, 4, "float32", True),
+    ((1, 2, 12, 11), 3, 3, 2, 12, 32, 2, "float32", True),  # one tile fitted to the plane
 ]
 
 

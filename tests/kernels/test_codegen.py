@@ -9,7 +9,7 @@ from wtconv_cuda.kernels.codegen import (
     FinalizeSpec, PlaneSpec, finalize_kernel_source, plane_kernel_source,
 )
 from wtconv_cuda.kernels.tiles import (
-    TileSpec, analysis_plan, phase_stride, tile_geometry, tile_kernel_source,
+    TileSpec, analysis_plan, output_strip, phase_stride, tile_geometry, tile_kernel_source,
 )
 
 PLANE_SPECS = [
@@ -179,10 +179,26 @@ def test_phase_stride_holds_a_plane_and_spreads_banks(edge):
     assert len(banks) == 32
 
 
-@pytest.mark.parametrize("k,levels,tile", [(3, 1, 3), (3, 3, 4), (3, 1, 0), (3, 2, 24)])
-def test_tile_edge_must_be_a_power_of_two_covering_the_levels(k, levels, tile):
-    with pytest.raises(ValueError, match="power of two"):
+@pytest.mark.parametrize("k,levels,tile", [(3, 1, 3), (3, 3, 4), (3, 1, 0), (3, 2, 26),
+                                           (3, 0, 7)])
+def test_tile_edge_must_be_a_multiple_of_the_coarsest_coefficient(k, levels, tile):
+    with pytest.raises(ValueError, match="multiple of 2"):
         tile_geometry(k, levels, tile)
+
+
+def test_tile_fitted_to_a_convnext_plane():
+    """A 56 x 56 plane split at level 2 takes one 56-pixel tile: 72- and 36-value grids."""
+    geo = tile_geometry(5, 2, 56)
+    assert geo.halos == (8, 4) and geo.edges == (72, 36)
+    assert [geo.phase(i) for i in range(2)] == [1296, 336]
+    assert geo.z == (geo.grids[1] + 4 * 336, geo.grids[1] + 4 * 336 + 4 * 28 ** 2)
+    assert geo.floats == geo.z[1] + 4 * 14 ** 2
+
+
+@pytest.mark.parametrize("tile,most,strip", [(64, 4, 4), (56, 4, 4), (28, 4, 2), (14, 4, 1),
+                                             (14, 7, 7), (16, 2, 2), (2, 4, 1)])
+def test_output_strip_divides_the_level_one_edge(tile, most, strip):
+    assert output_strip(tile, most) == strip
 
 
 def test_tile_kernel_rejects_bad_shapes():

@@ -287,6 +287,7 @@ TILE_CASES = [
     ((1, 1, 18, 30), 2, 3, 16, 64, 1, "float32", True),
     ((1, 1, 40, 35), 1, 3, 32, 64, 2, "float32", True),
     ((1, 1, 10, 13), 1, 5, 8, 32, 4, "float32", False),
+    ((1, 2, 13, 11), 2, 3, 12, 32, 3, "float32", True),  # not a power of two; 3-row strips
 ]
 
 

@@ -25,7 +25,7 @@ from .codegen import FinalizeSpec, PlaneSpec
 from .flip import FLIP_THREADS, FlipSpec
 from .registers import MAX_PIXELS as REGISTER_MAX_PIXELS, RegisterSpec
 from .registers import shared_bytes as register_shared_bytes
-from .tiles import TileSpec, tile_geometry
+from .tiles import TileSpec, output_strip, tile_geometry
 from .driver import driver_launch
 from .layout import HEADER_FIELDS, plane_layout, with_problem
 
@@ -644,7 +644,7 @@ def plan_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
     if tuning.tiles is False or p.stride != 1:
         return None
     edge = tuning.tile or TILE_EDGE
-    if edge < 2 ** max(p.levels, 1):
+    if edge % 2 ** max(p.levels, 1):  # the coarsest level's coefficients must tile exactly
         return None
     threads = tuning.threads or TILE_THREADS
     geo = tile_geometry(p.kernel_size, p.levels, edge, backward, threads)
@@ -667,7 +667,7 @@ def plan_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
             plane = plan_plane(p, backward, shared_limit, 1, tuning._replace(tiles=False))
             if not plane.spec.scratch:
                 return None
-    strip = tuning.strip or 4
+    strip = tuning.strip or output_strip(edge)
     max_registers = REGISTER_CAP if tuning.max_registers is None else tuning.max_registers
     spec = TileSpec(p.kernel_size, p.storage, p.levels, edge, threads, strip, max_registers,
                     backward=backward)

@@ -72,7 +72,10 @@ class TileSpec(NamedTuple):
     levels : int
         Wavelet levels ``L >= 0`` (compile-time: the geometry is unrolled).
     tile : int
-        Output tile edge ``TS``; a power of two, at least ``2**max(L, 1)``.
+        Output tile edge ``TS``: a multiple of ``2**max(L, 1)`` (every level's
+        coefficients then tile exactly). Powers of two on large planes; a plane
+        no larger than a tile takes its own edge, rounded up (see
+        :func:`wtconv_cuda.kernels.launch.plan_split`).
     threads : int
         Threads per block.
     strip : int
@@ -204,7 +207,7 @@ def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = Fal
     levels : int
         Wavelet levels ``L >= 0``.
     tile : int
-        Tile edge ``TS``, a power of two and a multiple of ``2**max(L, 1)``.
+        Tile edge ``TS``, a positive multiple of ``2**max(L, 1)``.
     backward : bool, default False
         Add the backward's grids of ``x`` and its reduction area.
     threads : int, default 128
@@ -217,12 +220,12 @@ def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = Fal
     Raises
     ------
     ValueError
-        ``tile`` is not a power of two or is smaller than ``2**max(L, 1)``.
+        ``tile`` is not a positive multiple of ``2**max(L, 1)``.
     """
     K, L, TS = kernel_size, levels, tile
-    if TS <= 0 or TS & (TS - 1) or TS < 2 ** max(L, 1):
-        raise ValueError(f"tile must be a power of two >= 2**max(L, 1) = {2 ** max(L, 1)}, "
-                         f"got {TS}")
+    if TS <= 0 or TS % 2 ** max(L, 1):
+        raise ValueError(f"tile must be a positive multiple of 2**max(L, 1) = "
+                         f"{2 ** max(L, 1)}, got {TS}")
     P = (K - 1) // 2
     if L == 0:
         halos = (P + (P & 1),)  # even, so the grid's phases stay aligned with the tile
@@ -248,6 +251,26 @@ def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = Fal
     offset += reduce_floats(K, L, TS, threads)
     return TileGeometry(halos, edges, tuple(grids), tuple(z), ntaps, offset, tuple(xgrids),
                         reduce)
+
+
+def output_strip(tile: int, most: int = 4) -> int:
+    """Level-1 coefficient rows per output-phase item: the largest divisor of ``tile / 2``
+    up to ``most``.
+
+    Parameters
+    ----------
+    tile : int
+        Tile edge ``TS`` (even).
+    most : int, default 4
+        Most rows per item.
+
+    Returns
+    -------
+    int
+        ``Q``, for :attr:`TileSpec.strip`.
+    """
+    n1 = tile // 2
+    return next(q for q in range(min(most, n1), 0, -1) if n1 % q == 0)
 
 
 def analysis_plan(kernel_size: int, coefficients: int, threads: int, max_strip: int = 4) -> int:
