@@ -5,6 +5,12 @@ Warm-up calls compile and load the kernels first; ``ncu --launch-skip`` in
 
     python benchmarks/ncu_target.py 64 96 56 56 5 5
     python benchmarks/ncu_target.py 64 96 56 56 5 5 backward   # backward calls only
+    python benchmarks/ncu_target.py 64 96 56 56 5 5 plane-launches   # print, run nothing
+
+``plane-launches`` prints how many ``wtconv_plane`` launches one backward at
+that shape issues (fp32, as planned on this GPU): the last of them computes
+the weight gradients, so ``--kernel-name regex:wtconv_plane --launch-skip
+$((4 * n - 1))`` selects it in the fourth (measured) backward.
 """
 
 import sys
@@ -17,8 +23,22 @@ import wtconv_cuda as wt
 from wtconv_cuda.weights import WTConvWeights
 
 
+def plane_launches(b, c, h, w, levels, k) -> int:
+    """``wtconv_plane`` launches of one fp32 backward at this shape, as planned here."""
+    from wtconv_cuda.kernels.codegen import PlaneSpec
+    from wtconv_cuda.kernels.launch import CupyBackend, Problem, planned_specs
+
+    backend = CupyBackend()
+    problem = Problem(b, c, h, w, k, levels, 1, "float32", True)
+    specs = planned_specs(problem, True, backend.shared_limit, backend.max_slots)
+    return sum(isinstance(spec, PlaneSpec) for spec in specs)
+
+
 def main():
     b, c, h, w, levels, k = (int(v) for v in sys.argv[1:7])
+    if sys.argv[7:] == ["plane-launches"]:
+        print(plane_launches(b, c, h, w, levels, k))
+        return
     backward_only = sys.argv[7:] == ["backward"]
     rng = np.random.default_rng(0)
     weights = wt.init_weights(c, k, levels, dtype=np.float32, seed=0)

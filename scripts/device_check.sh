@@ -43,6 +43,9 @@
 #   bwdprofile the plane backward at the ConvNeXt-T stages 56, 28, 14: its time with
 #              phases cut out (benchmarks/backward_breakdown.py), then ncu
 #              instruction counts, lane use, occupancy and stalls     (~5 min cold)
+#   hotspots   ncu source counters of the weights-only plane backward at 56 and 28:
+#              warp samples, instructions and bank conflicts loop by loop of its
+#              SASS (benchmarks/sass_hotspots.py)              (~2 min cold)
 #   tileprofile  ncu occupancy, warp states, stall reasons and instruction counts of
 #              the tiled forward and backward at 8x128x512x512, L1 and L3 (~2 min)
 #
@@ -195,6 +198,32 @@ run_bwdprofile() {
     --metrics "$metrics"
   tar czf "$OUT/bwdprofile.tgz" -C "$OUT" $(cd "$OUT" && ls bwdprofile_*.csv bwdprofile_*.err) \
     && rm -f "$OUT"/bwdprofile_*.csv "$OUT"/bwdprofile_*.err
+}
+
+run_hotspots() {
+  echo "== warp samples by loop of the weights-only plane backward (ncu source counters)"
+  local shape tag n rc=0
+  : >"$OUT/hotspots_summary.txt"
+  for shape in "64 96 56 56 5 5" "64 192 28 28 4 5"; do
+    tag=${shape// /x}
+    # shellcheck disable=SC2086  # a shape is a list of arguments
+    n=$(python3 benchmarks/ncu_target.py $shape plane-launches) || { rc=1; continue; }
+    # shellcheck disable=SC2086
+    ncu --clock-control none --launch-skip $((4 * n - 1)) --launch-count 1 \
+      --kernel-name regex:wtconv_plane --section SpeedOfLight --section LaunchStats \
+      --section Occupancy \
+      --section WarpStateStats --section InstructionStats --section SourceCounters \
+      -o "$OUT/hotspots_$tag" python3 benchmarks/ncu_target.py $shape backward \
+      >"$OUT/hotspots_$tag.log" 2>&1 || rc=1
+    ncu -i "$OUT/hotspots_$tag.ncu-rep" --page details >"$OUT/hotspots_$tag.txt" 2>&1
+    ncu -i "$OUT/hotspots_$tag.ncu-rep" --page source --csv --print-source sass \
+      | gzip >"$OUT/hotspots_${tag}_sass.csv.gz"
+    rm -f "$OUT/hotspots_$tag.ncu-rep"
+    { echo "-- $tag"; grep -E "Duration|Registers Per|Achieved Occupancy" "$OUT/hotspots_$tag.txt"
+      python3 benchmarks/sass_hotspots.py "$OUT/hotspots_${tag}_sass.csv.gz" --top 14; } \
+      2>&1 | tee -a "$OUT/hotspots_summary.txt" || rc=1
+  done
+  return $rc
 }
 
 run_tileprofile() {
@@ -408,7 +437,7 @@ print(*sorted({f"{h}x{w}:{lv}" for _, _, h, w, lv, _ in CONFIGS}))')
 
 for phase in "${phases[@]}"; do
   case "$phase" in
-    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|torchstep|stepprofile|tiles|tileprofile|split|registers|ab|bwdprofile)
+    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|torchstep|stepprofile|tiles|tileprofile|split|registers|ab|bwdprofile|hotspots)
       "run_$phase" || status=1 ;;
     *) echo "unknown phase: $phase"; status=2 ;;
   esac
