@@ -1,3 +1,4 @@
+# As run from the repository root in the device tool (OUT set); see ../README.md.
 export WTCONV_CUDA_CACHE=/tmp/wtconv_cache PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm --format=csv > $OUT/env.log
 TB="python3 benchmarks/tile_bench.py --no-plane"
