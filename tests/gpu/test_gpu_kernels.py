@@ -227,11 +227,14 @@ def test_tiled_forward_is_the_default_for_large_planes(storage):
 
 #: Split passes, forced: coarse pre-pass, coarse levels on the pooled planes, fine
 #: levels on tiles. (shape, levels, k, split, tile): odd planes with partial edge
-#: tiles, splits at 1, 2 and 3, and a ConvNeXt-T stage plane.
+#: tiles, splits at 1, 2 and 3, a ConvNeXt-T stage plane, and tiles fitted to a
+#: plane (edges that are not powers of two: item rows padded to whole warps).
 SPLIT_CASES = [((2, 3, 130, 67), 3, k, 1, 32) for k in KERNEL_SIZES]
 SPLIT_CASES += [((2, 3, 130, 67), 5, k, 2, 32) for k in KERNEL_SIZES]
 SPLIT_CASES += [((3, 2, 70, 51), 6, k, 3, 16) for k in KERNEL_SIZES]
 SPLIT_CASES += [((4, 8, 56, 56), 5, k, 2, 32) for k in KERNEL_SIZES]
+SPLIT_CASES += [((4, 8, 56, 55), 5, k, 2, 56) for k in KERNEL_SIZES]
+SPLIT_CASES += [((2, 3, 27, 28), 4, k, 2, 28) for k in KERNEL_SIZES]
 
 
 @pytest.mark.parametrize("storage", list(DTYPES))

@@ -9,7 +9,8 @@ from wtconv_cuda.kernels.codegen import (
     FinalizeSpec, PlaneSpec, finalize_kernel_source, plane_kernel_source,
 )
 from wtconv_cuda.kernels.tiles import (
-    TileSpec, analysis_plan, output_strip, phase_stride, tile_geometry, tile_kernel_source,
+    TileSpec, analysis_plan, item_row, output_strip, phase_stride, tile_geometry,
+    tile_kernel_source,
 )
 
 PLANE_SPECS = [
@@ -193,6 +194,28 @@ def test_tile_fitted_to_a_convnext_plane():
     assert [geo.phase(i) for i in range(2)] == [1296, 336]
     assert geo.z == (geo.grids[1] + 4 * 336, geo.grids[1] + 4 * 336 + 4 * 28 ** 2)
     assert geo.floats == geo.z[1] + 4 * 14 ** 2
+
+
+@pytest.mark.parametrize("n,row", [(1, 1), (16, 16), (32, 32), (64, 64), (3, 4), (7, 8),
+                                   (14, 16), (28, 32), (56, 64), (100, 128)])
+def test_item_rows_pad_to_whole_warps_or_powers_of_two(n, row):
+    assert item_row(n) == row
+
+
+def test_fitted_tiles_take_strips_that_divide_their_rows():
+    """Power-of-two edges keep their plans; a 28-coefficient level takes 7-row strips
+    (4 strip rows of 32 padded items: one round of 128 threads)."""
+    assert [analysis_plan(5, n, 128, 8) for n in (32, 16, 8, 4)] == [8, 2, 0, 0]
+    assert analysis_plan(5, 28, 128, 8) == 7
+    assert analysis_plan(5, 14, 32, 8) == 7
+
+
+def test_tile_source_skips_the_padding_items():
+    source = tile_kernel_source(TileSpec(5, "float32", 2, 56, 128, 7, 128, 8, False, True))
+    assert "qx = it % 32" in source and "if qx >= 28:" in source  # level 1 and the output
+    assert "if qx >= 14:" in source  # level 2: 14 items in rows of 16
+    pow2 = tile_kernel_source(TileSpec(5, "float32", 2, 64, 128, 4, 128, 8, False, True))
+    assert "if qx >=" not in pow2
 
 
 @pytest.mark.parametrize("tile,most,strip", [(64, 4, 4), (56, 4, 4), (28, 4, 2), (14, 4, 1),

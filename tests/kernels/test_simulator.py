@@ -288,6 +288,8 @@ TILE_CASES = [
     ((1, 1, 40, 35), 1, 3, 32, 64, 2, "float32", True),
     ((1, 1, 10, 13), 1, 5, 8, 32, 4, "float32", False),
     ((1, 2, 13, 11), 2, 3, 12, 32, 3, "float32", True),  # not a power of two; 3-row strips
+    # 14-item rows padded to 16; 7-row strips in the output and the level-1 analysis
+    ((1, 1, 27, 30), 1, 3, 28, 32, 7, "float32", True),
 ]
 
 
@@ -297,7 +299,7 @@ def test_tile_cases_cover_every_level_decomposition():
     plans = {analysis_plan(k, tile >> j, threads, max_strip)
              for _, levels, k, tile, threads, _, _, _ in TILE_CASES
              for j in range(1, levels + 1)}
-    assert plans == {0, 1, 2, 4, 8}
+    assert plans == {0, 1, 2, 4, 7, 8}
 
 
 @pytest.mark.parametrize("shape,levels,k,tile,threads,strip,storage,bias", TILE_CASES)

@@ -557,6 +557,12 @@ class SmallTileSplit(NamedTuple):
 #:   fill 48 register-kernel blocks on 132 multiprocessors. Hence its
 #:   ``min_pixels``.
 #:
+#: A tile fitted to the plane (``Tuning(tile=56)``, its item rows padded to
+#: whole warps by :func:`~wtconv_cuda.kernels.tiles.item_row`) took the 56 x 56
+#: split forward from 0.268 to 0.255 ms with bitwise the same output; not yet
+#: the default (its GPU oracle cases in fp16 and bf16 have not run). At 28 x 28
+#: (0.197 against 0.175 ms) and 14 x 14 (0.127 against 0.119) fitted tiles lose.
+#:
 #: Only the forward: the backward's float32 work buffers (the pooled ``x`` and
 #: ``dy``, one partial per tile) raised peak training memory at the ConvNeXt-T
 #: stages from 1.04x to 1.14-1.50x depthwise 7x7.

@@ -83,8 +83,8 @@ class TileSpec(NamedTuple):
     max_registers : int
         Register cap handed to ptxas (``.maxnreg``); 0 leaves it free.
     analysis_strip : int
-        Most coefficient rows of a strip item in the levels' analysis (a
-        power of two; see :func:`analysis_plan`). 8 is 4-5% faster than 4
+        Most coefficient rows of a strip item in the levels' analysis (see
+        :func:`analysis_plan`). 8 is 4-5% faster than 4
         at the paper's shapes on an H200 (``benchmarks/tile_bench.py``).
     backward : bool
         The backward variant (stride 1): the same pipeline on ``dy`` with
@@ -273,6 +273,32 @@ def output_strip(tile: int, most: int = 4) -> int:
     return next(q for q in range(min(most, n1), 0, -1) if n1 % q == 0)
 
 
+def item_row(coefficients: int) -> int:
+    """Items per row of coefficients, padded so that no warp straddles two rows.
+
+    The strip phases number their items row by row. On an edge that is not
+    a power of two, a row of ``n`` items would leave warps with lanes in two
+    rows (whose reads meet in the same banks) and idle lanes at a row's end
+    anyway; the row is padded to the next power of two below 32 items, or to
+    a multiple of 32, and the padding items do nothing. Power-of-two edges
+    are their own row.
+
+    Parameters
+    ----------
+    coefficients : int
+        Coefficients per row, ``n``.
+
+    Returns
+    -------
+    int
+        Items per row, at least ``n``.
+    """
+    n = coefficients
+    if n & (n - 1) == 0:
+        return n
+    return 1 << n.bit_length() if n < 32 else -(-n // 32) * 32
+
+
 def analysis_plan(kernel_size: int, coefficients: int, threads: int, max_strip: int = 4) -> int:
     """Work decomposition of one level's subband convolutions in a tile.
 
@@ -285,27 +311,24 @@ def analysis_plan(kernel_size: int, coefficients: int, threads: int, max_strip: 
     threads : int
         Threads per block.
     max_strip : int, default 4
-        Most rows per strip item (a power of two).
+        Most rows per strip item.
 
     Returns
     -------
     int
-        Rows per strip item (a power of two up to ``max_strip``), or 0 for
-        single items (one subband of one coefficient each): whichever takes
-        the fewest serial
-        instructions, rounds of ``threads`` items times an item's cost.
+        Rows per strip item (a divisor of ``TS_j`` up to ``max_strip``), or 0
+        for single items (one subband of one coefficient each): whichever
+        takes the fewest serial instructions, rounds of ``threads`` items
+        (rows padded by :func:`item_row`) times an item's cost.
     """
     K, n = kernel_size, coefficients
     best, best_cost = 0, -(-(4 * n * n) // threads) * _single_item_cost(K)
-    Q = max_strip
-    while Q >= 1:
+    for Q in range(min(max_strip, n), 0, -1):
         if n % Q:
-            Q //= 2
             continue
-        cost = -(-((n // Q) * n) // threads) * _strip_item_cost(K, Q)
+        cost = -(-((n // Q) * item_row(n)) // threads) * _strip_item_cost(K, Q)
         if cost < best_cost:
             best, best_cost = Q, cost
-        Q //= 2
     return best
 
 
@@ -492,11 +515,14 @@ def _emit_tile_strips(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int, Q:
     """
     K, NT, K2 = spec.kernel_size, spec.threads, spec.kernel_size ** 2
     n, off, src, ph, pitch, zo, wb = _level_layout(spec, geo, j)
+    row = item_row(n)
     e(f"# level {j}: {n} x {n} coefficients, strips of {Q} rows")
-    e(f"for it in range(tid, {(n // Q) * n}, {NT}):")
+    e(f"for it in range(tid, {(n // Q) * row}, {NT}):")
     with e.indent():
-        e(f"qx = it % {n}", f"qy0 = (it // {n}) * {Q}",
-          f"base = {src} + (qy0 + {off}) * {pitch} + qx + {off}")
+        e(f"qx = it % {row}", f"qy0 = (it // {row}) * {Q}")
+        if row != n:
+            e(f"if qx >= {n}:", "    continue")
+        e(f"base = {src} + (qy0 + {off}) * {pitch} + qx + {off}")
         for k in range(4):
             e(", ".join(f"acc{k}_{i}" for i in range(Q)) + " = "
               + ", ".join("fz" for _ in range(Q)))
@@ -594,10 +620,13 @@ def _emit_tile_output(e: _Emitter, spec: TileSpec, geo: TileGeometry, out: str) 
     bias = K * K + 4 * K * K * L
     e("# output: base convolution + level-1 synthesis + bias",
       f"bias = S[{bias}]", "obase = plane * H * W")
-    e(f"for it in range(tid, {(n1 // Q) * n1}, {NT}):")
+    row = item_row(n1)
+    e(f"for it in range(tid, {(n1 // Q) * row}, {NT}):")
     with e.indent():
-        e(f"qx = it % {n1}", f"qy0 = (it // {n1}) * {Q}",
-          f"rowbase = {geo.grids[0]} + (qy0 + {H0 // 2}) * {pitch0} + qx + {H0 // 2}")
+        e(f"qx = it % {row}", f"qy0 = (it // {row}) * {Q}")
+        if row != n1:
+            e(f"if qx >= {n1}:", "    continue")
+        e(f"rowbase = {geo.grids[0]} + (qy0 + {H0 // 2}) * {pitch0} + qx + {H0 // 2}")
         e(", ".join(f"acc{o}_{ex}" for o in rows for ex in (0, 1)) + " = "
           + ", ".join("fz" for _ in rows for _ in (0, 1)))
 
