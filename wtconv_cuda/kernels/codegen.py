@@ -588,7 +588,9 @@ def _emit_ll_chains(e: _Emitter, spec: PlaneSpec, pyramids: list) -> None:
     :func:`_emit_ll_chain` takes them; each level's loop forms every
     pyramid's LL value of a coefficient, then one barrier follows.
     """
-    suffixes = ["", "_b", "_c", "_d"][:len(pyramids)]
+    suffixes = ["", "_b"]
+    if not 1 <= len(pyramids) <= len(suffixes):
+        raise ValueError(f"one or two pyramids, got {len(pyramids)}")
     e("for j in range(1, L):")
     with e.indent():
         for x, (shift, (fsrc, fpitch, fphase), _) in zip(suffixes, pyramids):
@@ -632,7 +634,9 @@ def _emit_planes_load(e: _Emitter, spec: PlaneSpec, targets: list, base: str, ro
     store.
     """
     T, U = spec.threads, unroll
-    names = ["v", "xv", "yv"][:len(targets)]  # (w0 is a kernel parameter)
+    names = ["v", "xv"]  # (not "w": w0 is a kernel parameter)
+    if not 1 <= len(targets) <= len(names):
+        raise ValueError(f"one or two planes, got {len(targets)}")
     e(f"gbase = {base}", f"count = {rows} * {cols}", f"ncols = {cols}",
       "# (iy, ix) of element i, stepped by T (see _DivmodLoop)")
     _DivmodLoop.setup(e, "tid", T, "ncols", "iy", "ix")
@@ -990,11 +994,11 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
         g0, gp0, gph0, GR = "src0", "sp0", "sph0", R
     e("# ---- weight gradients: the correlations ----" if spec.weights_only else
       "# ---- weight gradients: the x pyramid, then correlations ----")
-    if not spec.weights_only:  # the plane pass wrote its subbands over region B
+    if not spec.weights_only:  # (the weights_only kernel loaded x with dy)
+        # the plane pass wrote its subbands over region B
         e(f"for i in range(tid, a_len, {T}):",
           "    S[sb + xb_off + i] = fz",
           "cuda.syncthreads()")
-    if not spec.weights_only:  # (the weights_only kernel loaded x with dy)
         e("xsrc0 = src0 + xshift")
         _emit_plane_load(e, spec, "xsrc", "plane * (H * W)", "H", "W", 1, "xsrc0")
         e("cuda.syncthreads()")
