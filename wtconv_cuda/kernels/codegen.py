@@ -559,7 +559,7 @@ def _emit_gradient_pyramid(e: _Emitter, spec: PlaneSpec) -> None:
       "xsrc0 = src0 + xshift")
     _emit_planes_load(e, spec, [("src", "gsrc0", "gsp0", "gsph0", 0),
                                 ("xsrc", "xsrc0", "sp0", "sph0", None)],
-                      "plane * (H * W)", "H", "W", 1, LOAD_UNROLL)
+                      "plane * (H * W)", "H", "W", 1)
     e("cuda.syncthreads()")
     _emit_ll_chains(e, spec, [("", _GRADIENT_GRIDS, 0), (" + xshift", _SOURCE_GRIDS, None)])
 
@@ -620,20 +620,19 @@ def _emit_plane_load(e: _Emitter, spec: PlaneSpec, array: str, base: str, rows: 
     issues ``LOAD_UNROLL`` independent loads before its first store, so one
     memory latency covers several elements.
     """
-    _emit_planes_load(e, spec, [(array, grid, pitch, phase, halo)], base, rows, cols, stride,
-                      LOAD_UNROLL)
+    _emit_planes_load(e, spec, [(array, grid, pitch, phase, halo)], base, rows, cols, stride)
 
 
 def _emit_planes_load(e: _Emitter, spec: PlaneSpec, targets: list, base: str, rows: str,
-                      cols: str, stride: int, unroll: int) -> None:
+                      cols: str, stride: int) -> None:
     """Copy planes of the same size from global memory into polyphase grids.
 
     ``targets`` holds ``(array, grid, pitch, phase, halo)`` per plane, as
     :func:`_emit_plane_load` takes them; every array is read at ``base``.
-    Each thread issues ``unroll`` loads of every plane before its first
+    Each thread issues ``LOAD_UNROLL`` loads of every plane before its first
     store.
     """
-    T, U = spec.threads, unroll
+    T, U = spec.threads, LOAD_UNROLL
     names = ["v", "xv"]  # (not "w": w0 is a kernel parameter)
     if not 1 <= len(targets) <= len(names):
         raise ValueError(f"one or two planes, got {len(targets)}")

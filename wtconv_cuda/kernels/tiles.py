@@ -52,6 +52,7 @@ planes (``TS_j = TS / 2**j``), subband-major.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import NamedTuple
 
 from .codegen import (
@@ -73,9 +74,8 @@ class TileSpec(NamedTuple):
         Wavelet levels ``L >= 0`` (compile-time: the geometry is unrolled).
     tile : int
         Output tile edge ``TS``: a multiple of ``2**max(L, 1)`` (every level's
-        coefficients then tile exactly). Powers of two on large planes; a plane
-        no larger than a tile takes its own edge, rounded up (see
-        :func:`wtconv_cuda.kernels.launch.plan_split`).
+        coefficients then tile exactly). The planner picks powers of two; other
+        edges (a tile fitted to its plane) come from ``Tuning(tile=...)``.
     threads : int
         Threads per block.
     strip : int
@@ -299,6 +299,19 @@ def item_row(coefficients: int) -> int:
     return 1 << n.bit_length() if n < 32 else -(-n // 32) * 32
 
 
+@contextmanager
+def _strip_items(e: _Emitter, n: int, Q: int, threads: int):
+    """``for it in ...:`` over the items of ``Q``-row strips of an ``n x n`` grid, rows
+    padded by :func:`item_row`; the body sees ``qx`` and ``qy0`` and skips padding items."""
+    row = item_row(n)
+    e(f"for it in range(tid, {(n // Q) * row}, {threads}):")
+    with e.indent():
+        e(f"qx = it % {row}", f"qy0 = (it // {row}) * {Q}")
+        if row != n:
+            e(f"if qx >= {n}:", "    continue")
+        yield
+
+
 def analysis_plan(kernel_size: int, coefficients: int, threads: int, max_strip: int = 4) -> int:
     """Work decomposition of one level's subband convolutions in a tile.
 
@@ -515,13 +528,8 @@ def _emit_tile_strips(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int, Q:
     """
     K, NT, K2 = spec.kernel_size, spec.threads, spec.kernel_size ** 2
     n, off, src, ph, pitch, zo, wb = _level_layout(spec, geo, j)
-    row = item_row(n)
     e(f"# level {j}: {n} x {n} coefficients, strips of {Q} rows")
-    e(f"for it in range(tid, {(n // Q) * row}, {NT}):")
-    with e.indent():
-        e(f"qx = it % {row}", f"qy0 = (it // {row}) * {Q}")
-        if row != n:
-            e(f"if qx >= {n}:", "    continue")
+    with _strip_items(e, n, Q, NT):
         e(f"base = {src} + (qy0 + {off}) * {pitch} + qx + {off}")
         for k in range(4):
             e(", ".join(f"acc{k}_{i}" for i in range(Q)) + " = "
@@ -620,12 +628,7 @@ def _emit_tile_output(e: _Emitter, spec: TileSpec, geo: TileGeometry, out: str) 
     bias = K * K + 4 * K * K * L
     e("# output: base convolution + level-1 synthesis + bias",
       f"bias = S[{bias}]", "obase = plane * H * W")
-    row = item_row(n1)
-    e(f"for it in range(tid, {(n1 // Q) * row}, {NT}):")
-    with e.indent():
-        e(f"qx = it % {row}", f"qy0 = (it // {row}) * {Q}")
-        if row != n1:
-            e(f"if qx >= {n1}:", "    continue")
+    with _strip_items(e, n1, Q, NT):
         e(f"rowbase = {geo.grids[0]} + (qy0 + {H0 // 2}) * {pitch0} + qx + {H0 // 2}")
         e(", ".join(f"acc{o}_{ex}" for o in rows for ex in (0, 1)) + " = "
           + ", ".join("fz" for _ in rows for _ in (0, 1)))
