@@ -253,7 +253,8 @@ def test_split_matches_oracle(shape, levels, k, split, tile, storage):
 
 @pytest.mark.parametrize("storage", list(DTYPES))
 @pytest.mark.parametrize("shape,levels,tile,split", [((2, 4, 257, 300), 5, 64, 2),
-                                                     ((8, 48, 56, 56), 5, 64, 2),
+                                                     ((8, 48, 56, 56), 5, 56, 2),
+                                                     ((16, 48, 50, 47), 5, 56, 2),
                                                      ((32, 48, 28, 28), 4, 32, 2),
                                                      ((64, 384, 14, 14), 3, 16, 1)])
 def test_split_is_the_default_for_deep_levels(shape, levels, tile, split, storage):

@@ -111,12 +111,15 @@ def test_planner_splits_deep_levels_on_large_planes():
 
 
 def test_planner_splits_convnext_stages_with_one_tile_per_plane():
-    """Default forward on planes no larger than a tile: one tile of the next power of two
-    that wastes little, a large enough problem; L >= 4 and c = 2 for 32 and 64 tiles, L >= 3
-    and c = 1 for 16 tiles (32 threads, strip 2)."""
+    """Default forward on planes no larger than a tile: one tile that wastes little, a large
+    enough problem; L >= 4 and c = 2 for 32 and 64 tiles, L >= 3 and c = 1 for 16 tiles (32
+    threads, strip 2); planes of 33 to 64 pixels get a tile fitted to a multiple of 8."""
     plan = plan_split(Problem(64, 96, 56, 56, 5, 5, 1, "float32", True), LIMIT)
-    assert plan.split == 2 and plan.tiles.spec.tile == 64 and plan.tiles.ntiles == 1
+    assert plan.split == 2 and plan.tiles.spec.tile == 56 and plan.tiles.ntiles == 1
     assert plan.coarse == Problem(64, 96, 14, 14, 5, 3, 1, "float32", False)
+    for (h, w), tile in [((50, 47), 56), ((40, 33), 40), ((60, 57), 64), ((64, 64), 64)]:
+        plan = plan_split(Problem(64, 96, h, w, 5, 5, 1, "float16", True), LIMIT)
+        assert plan.split == 2 and plan.tiles.spec.tile == tile and plan.tiles.ntiles == 1
     plan = plan_split(Problem(64, 192, 28, 28, 5, 4, 1, "bfloat16", True), LIMIT)
     assert plan.split == 2 and plan.tiles.spec.tile == 32 and plan.tiles.ntiles == 1
     assert plan.coarse == Problem(64, 192, 7, 7, 5, 2, 1, "float32", False)
@@ -133,11 +136,15 @@ def test_planner_splits_convnext_stages_with_one_tile_per_plane():
     for problem in [Problem(64, 96, 56, 56, 5, 5, 1, "float32", True),
                     Problem(64, 192, 28, 28, 5, 4, 1, "bfloat16", True)]:
         assert plan_split(problem, LIMIT, backward=True) is None
-    assert plan_split(Problem(64, 96, 56, 56, 9, 5, 1, "float32", True), LIMIT).split == 2
+    # K 9: a 56 tile's halo reads 2.5x its pixels, the 64 tile's 2.25x
+    plan = plan_split(Problem(64, 96, 56, 56, 9, 5, 1, "float32", True), LIMIT)
+    assert plan.split == 2 and plan.tiles.spec.tile == 64
+    plan = plan_split(Problem(64, 96, 56, 56, 7, 5, 1, "float32", True), LIMIT)
+    assert plan.split == 2 and plan.tiles.spec.tile == 56
     for problem in [Problem(64, 192, 28, 28, 5, 3, 1, "float32", True),  # L 3 on a 32 tile
                     Problem(64, 384, 14, 14, 5, 2, 1, "float32", True),  # L 2 on a 16 tile
                     Problem(64, 768, 7, 7, 5, 2, 1, "float32", True),
-                    Problem(64, 96, 40, 40, 5, 5, 1, "float32", True),  # a 64 tile wastes 2.6x
+                    Problem(64, 96, 40, 20, 5, 5, 1, "float32", True),  # a 40 tile wastes 2x
                     Problem(1, 8, 56, 56, 5, 5, 1, "float32", True),  # too small a problem
                     Problem(512, 8, 8, 8, 3, 4, 1, "float32", True),  # no rule for 8 tiles
                     Problem(64, 384, 14, 14, 7, 3, 1, "float32", True),  # halo: 3.1 reads

@@ -533,6 +533,11 @@ class SmallTileSplit(NamedTuple):
         The tile's output-phase strip (0: the tile kernel's default).
     min_pixels : int
         Least problem size, in pixels (0: `SPLIT_MIN_PIXELS`).
+    fit : int
+        Fit the tile to the plane: its edge is the plane's longer side rounded
+        up to a multiple of ``fit`` (itself a multiple of ``2**level``) rather
+        than the next power of two, which stays the fallback where the fitted
+        tile's halo reads too much (0: the power of two).
     """
 
     level: int
@@ -540,10 +545,11 @@ class SmallTileSplit(NamedTuple):
     threads: int = 0
     strip: int = 0
     min_pixels: int = 0
+    fit: int = 0
 
 
 #: Planes no larger than a tile split their forward by default, with one tile
-#: (the next power of two) per plane, by that tile's edge; the coarse planes
+#: per plane, by the rule of the plane's next power of two; the coarse planes
 #: land on the register kernel (7 x 7 at the ConvNeXt-T stages) or on tiles.
 #: Measured on an H200, fp32, K 5, forward (plane kernel -> split):
 #:
@@ -557,17 +563,20 @@ class SmallTileSplit(NamedTuple):
 #:   fill 48 register-kernel blocks on 132 multiprocessors. Hence its
 #:   ``min_pixels``.
 #:
-#: A tile fitted to the plane (``Tuning(tile=56)``, its item rows padded to
-#: whole warps by :func:`~wtconv_cuda.kernels.tiles.item_row`) took the 56 x 56
-#: split forward from 0.268 to 0.255 ms with bitwise the same output; not yet
-#: the default (its GPU oracle cases in fp16 and bf16 have not run). At 28 x 28
-#: (0.197 against 0.175 ms) and 14 x 14 (0.127 against 0.119) fitted tiles lose.
+#: Planes of 33 to 64 pixels get a tile fitted to a multiple of 8 (``fit``; its
+#: item rows padded to whole warps by :func:`~wtconv_cuda.kernels.tiles.item_row`),
+#: with bitwise the same output as the 64 tile. 64 x 96 x H x H, L 5, split
+#: forward, 64 tile -> fitted tile (plane kernel): 56: 0.267 -> 0.255 ms
+#: (0.387); 48: 0.257 -> 0.222 (0.337); 40: 0.243 -> 0.191 (0.214). A 60
+#: tile, a multiple of 4 only, lost (0.296 against 0.275 ms), and so did
+#: fitted tiles at 28 x 28 (0.197 against 0.175 ms) and 14 x 14 (0.127 against
+#: 0.119).
 #:
 #: Only the forward: the backward's float32 work buffers (the pooled ``x`` and
 #: ``dy``, one partial per tile) raised peak training memory at the ConvNeXt-T
 #: stages from 1.04x to 1.14-1.50x depthwise 7x7.
 SPLIT_SMALL_TILES = {16: SmallTileSplit(1, 3, 32, 2, min_pixels=1 << 22),
-                     32: SmallTileSplit(2, 4, 64), 64: SmallTileSplit(2, 4)}
+                     32: SmallTileSplit(2, 4, 64), 64: SmallTileSplit(2, 4, fit=8)}
 #: ... where the tile wastes at most this fraction of its pixels ...
 SPLIT_MAX_WASTE = 1.35
 #: ... and the problem has at least this many pixels: a split issues three to
@@ -921,16 +930,21 @@ def _small_plane_tiles(p: Problem, shared_limit: int, tuning: Tuning, backward: 
     if p.batch * p.channels * p.height * p.width < (rule.min_pixels or SPLIT_MIN_PIXELS):
         return None
     c = min(p.levels - 1, rule.level)
-    if edge * edge > SPLIT_MAX_WASTE * p.height * p.width:
-        return None
-    if tile_geometry(p.kernel_size, c, edge).read_amplification > TILE_MAX_READ:
-        return None
     threads = tuning.threads or rule.threads or None
     strip = tuning.strip or rule.strip or None
-    fine = plan_tiles(p._replace(levels=c), shared_limit,
-                      tuning._replace(tiles=True, tile=edge, threads=threads, strip=strip),
-                      backward)
-    return None if fine is None else (c, fine)
+    fitted = -(-max(p.height, p.width) // rule.fit) * rule.fit if rule.fit else edge
+    # a fitted tile whose halo reads too much falls back to the power of two
+    for tile in dict.fromkeys([fitted, edge]):
+        if tile * tile > SPLIT_MAX_WASTE * p.height * p.width:
+            continue
+        if tile_geometry(p.kernel_size, c, tile).read_amplification > TILE_MAX_READ:
+            continue
+        fine = plan_tiles(p._replace(levels=c), shared_limit,
+                          tuning._replace(tiles=True, tile=tile, threads=threads, strip=strip),
+                          backward)
+        if fine is not None:
+            return c, fine
+    return None
 
 
 class _ArrayViews:
