@@ -4,7 +4,8 @@ import pytest
 
 from wtconv_cuda.kernels.launch import Problem, plan_plane
 from wtconv_cuda.kernels.layout import (
-    HEADER, LEVEL_BASE, LEVEL_FIELDS, LEVEL_STRIDE, level_shapes, plane_layout)
+    HEADER, LEVEL_BASE, LEVEL_FIELDS, LEVEL_STRIDE, PHASE_OVERHEAD, ROW_OVERHEAD, LevelTapPlan,
+    level_shapes, level_tap_plan, plane_layout, row_chunks)
 
 #: Shared memory of one H200 SM, and what the hardware keeps back per block.
 SM_SHARED_BYTES = 228 * 1024
@@ -69,3 +70,62 @@ def test_weights_only_56x56_plane_fits_four_blocks_per_sm():
     assert launch.spec.weights_only and launch.block == 128
     assert 4 * (launch.shared_bytes + BLOCK_RESERVED_BYTES) <= SM_SHARED_BYTES
     assert 4 * launch.block * launch.spec.max_registers <= 65536
+
+
+def _sequential_cost(shapes, k, threads):
+    """The level taps one level at a time, one item per thread: the plan's worst case."""
+    cost = 0
+    for hj, wj in shapes[1:]:
+        rows = -(-hj // row_chunks(hj, k, threads))
+        cost += rows * (wj + ROW_OVERHEAD) + PHASE_OVERHEAD
+    return cost
+
+
+def _plan_cost(shapes, plan):
+    cost, j = 0, 1
+    while j < len(shapes):
+        last = plan.phase_last[j - 1]
+        cost += PHASE_OVERHEAD + max(
+            -(-shapes[i][0] // plan.chunks[i - 1]) * (shapes[i][1] + ROW_OVERHEAD)
+            for i in range(j, last + 1))
+        j = last + 1
+    return cost
+
+
+def test_level_taps_of_the_56x56_stage_run_in_one_phase():
+    """ConvNeXt-T 56 x 56, L 5, K 5, 128 threads: every level at once, two rows of level 1
+    per item (its longest), 115 of the 125 items level 1 alone used to take."""
+    plan = level_tap_plan(tuple(level_shapes(56, 56, 5)), 5, 128)
+    assert plan == LevelTapPlan((14, 5, 2, 1, 1), (5, 5, 5, 5, 5), 115)
+    geo = plane_layout(56, 56, 5, 5, 4, 128, 1, 1, True, True).geo
+    assert [_level(geo, j, "item0") for j in range(6)] == [0, 0, 70, 95, 105, 110]
+    assert [_level(geo, j, "chunks") for j in range(6)] == [0, 14, 5, 2, 1, 1]
+    assert [_level(geo, j, "phase_last") for j in range(6)] == [0, 5, 5, 5, 5, 5]
+
+
+@pytest.mark.parametrize("k", [1, 3, 5, 7, 9])
+@pytest.mark.parametrize("threads", [16, 32, 64, 128, 256])
+@pytest.mark.parametrize("h,w,levels", [(56, 56, 5), (28, 28, 4), (14, 14, 3), (7, 7, 2),
+                                        (17, 23, 6), (3, 2, 4), (255, 257, 3), (1, 1, 2)])
+def test_level_tap_plan_fits_and_never_loses_to_one_level_at_a_time(h, w, levels, k, threads):
+    """Phases of consecutive levels, each a list of at most one item per thread whose
+    partial sums fit the slot, item0 counting on within a phase; by the plan's cost count
+    never longer than running the levels one by one."""
+    shapes = level_shapes(h, w, levels)
+    plan = level_tap_plan(tuple(shapes), k, threads)
+    assert len(plan.chunks) == len(plan.phase_last) == levels
+    lay = plane_layout(h, w, levels, k, 1, threads, 1, 1, True, True)
+    geo, j = lay.geo, 1
+    while j <= levels:
+        last = plan.phase_last[j - 1]
+        assert all(plan.phase_last[i - 1] == last for i in range(j, last + 1))
+        assert _level(geo, j, "item0") == 0
+        for i in range(j + 1, last + 1):
+            assert _level(geo, i, "item0") == _level(geo, i - 1, "item0") + k * plan.chunks[i - 2]
+        items = _level(geo, last, "item0") + k * plan.chunks[last - 1]
+        assert items <= min(threads, plan.items)
+        assert all(1 <= plan.chunks[i - 1] <= shapes[i][0] for i in range(j, last + 1))
+        j = last + 1
+    p_off, w_off = int(geo[HEADER["p_off"]]), int(geo[HEADER["w_off"]])
+    assert p_off + plan.items * 4 * k <= w_off
+    assert _plan_cost(shapes, plan) <= _sequential_cost(shapes, k, threads)

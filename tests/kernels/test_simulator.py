@@ -16,6 +16,7 @@ from wtconv_cuda.kernels.launch import (
     TILE_SOLO_THREADS, TILE_THREADS, Problem, SimulatorBackend, Tuning, Weights, plan_plane,
     plan_tiles, run_backward, run_forward, work_buffers,
 )
+from wtconv_cuda.kernels.layout import LevelTapPlan, level_shapes, level_tap_plan
 from wtconv_cuda.kernels.tiles import analysis_plan
 
 from ..conftest import random_weights
@@ -103,6 +104,19 @@ def test_global_scratch_path(rng, stride, group):
 def test_deep_levels_on_tiny_plane(rng):
     """Levels past a 1x1 grid are valid (as in the published layer)."""
     assert_close(run_layer(rng, (1, 1, 3, 2), 4, 3, 1), DTYPES["float32"][1])
+
+
+@pytest.mark.parametrize("dx_forward", [False, True])
+def test_level_taps_in_phases(rng, dx_forward):
+    """17 x 23 at L 5, K 5 on 32 threads: level 1's tap gradients alone, then levels 2-5
+    side by side in one list (:func:`~wtconv_cuda.kernels.layout.level_tap_plan`), in
+    the full plane backward and in the weights-only one."""
+    tuning = Tuning(threads=32, dx_forward=dx_forward)
+    problem = Problem(1, 2, 17, 23, 5, 5, 1, "float32", True)
+    assert plan_plane(problem, True, 227 * 1024, 1, tuning).spec.weights_only == dx_forward
+    plan = level_tap_plan(tuple(level_shapes(17, 23, 5)), 5, 32)
+    assert plan == LevelTapPlan((5, 3, 1, 1, 1), (1, 5, 5, 5, 5), 30)
+    assert_close(run_layer(rng, (1, 2, 17, 23), 5, 5, 1, tuning=tuning), DTYPES["float32"][1])
 
 
 def test_both_analysis_decompositions(rng):

@@ -980,7 +980,11 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
     sliding window of source values in registers, so every loaded value feeds
     ``K`` taps. Partial sums of the chunks are then added in a fixed order,
     and the plane's total is added to the unit sums (each entry always by the
-    same thread, so no barrier is needed between planes).
+    same thread, so no barrier is needed between planes). The level taps run
+    in the phases of :func:`~wtconv_cuda.kernels.layout.level_tap_plan`: the
+    levels of a phase share one list of items (one per thread, chunks from
+    the ``geo`` table), then one barrier and one reduction, where running the
+    levels one by one left most threads idle on the coarse levels.
     """
     K, T = spec.kernel_size, spec.threads
     R, K2 = (K - 1) // 2, K * K
@@ -1038,30 +1042,34 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
     e("cuda.syncthreads()",
       f"for t in range(tid, {K2 + 1}, {T}):")
     with e.indent():
-        e("tot = fz",
-          f"if t < {K2}:",
-          f"    dy = t // {K}",
-          f"    dx = t - dy * {K}",
-          "    for ch in range(P):",
-          f"        tot += S[sb + p_off + (dy * P + ch) * {K} + dx]",
-          "else:",
-          "    for ch in range(P):",
-          f"        tot += S[sb + p_off + nit * {K} + ch]",
-          "if valid:",
+        e("tot = fz", f"if t < {K2}:")
+        with e.indent():
+            e(f"dy = t // {K}", f"dx = t - dy * {K}")
+            _emit_chunk_sum(e, "tot", f"sb + p_off + dy * P * {K} + dx", K)
+        e("else:")
+        with e.indent():
+            _emit_chunk_sum(e, "tot", f"sb + p_off + nit * {K}", 1)
+        e("if valid:",
           "    S[sb + w_off + t] += tot")
     e("cuda.syncthreads()")
 
-    e("# level taps: item = (tap row dy, row chunk of coefficients), all 4 subbands",
-      "for j in range(1, L + 1):")
+    e("# level taps: item = (level j, tap row dy, row chunk of coefficients), all 4",
+      "# subbands; the levels of a phase share one list, one item per thread",
+      "j0 = int64(1)",
+      "while j0 <= L:")
     with e.indent():
-        e(f"srcp = {_lvl('j - 1', 'src')}", f"spp = {_lvl('j - 1', 'pitch')}",
-          f"sph = {_lvl('j - 1', 'phase')}",
-          f"Hj = {_lvl('j', 'Hj')}", f"Wj = {_lvl('j', 'Wj')}",
-          f"P = max(int64(1), min(Hj, int64({chunks_cap})))",
-          f"nit = {K} * P",
-          "if tid < nit:")
+        e(f"j1 = {_lvl('j0', 'phase_last')}",
+          f"if tid < {_lvl('j1', 'item0')} + {K} * {_lvl('j1', 'chunks')}:")
         with e.indent():
-            e("dy = tid // P", "ch = tid - dy * P")
+            e("j = j0",
+              f"while j < j1 and tid >= {_lvl('j + 1', 'item0')}:",
+              "    j += 1",
+              f"srcp = {_lvl('j - 1', 'src')}", f"spp = {_lvl('j - 1', 'pitch')}",
+              f"sph = {_lvl('j - 1', 'phase')}",
+              f"Hj = {_lvl('j', 'Hj')}", f"Wj = {_lvl('j', 'Wj')}",
+              f"P = {_lvl('j', 'chunks')}",
+              f"u = tid - {_lvl('j', 'item0')}",
+              "dy = u // P", "ch = u - dy * P")
             _emit_level_accumulators(e, K)
             e("qy = ch", "while qy < Hj:")
             with e.indent():
@@ -1076,15 +1084,41 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
                 e("qy += P")
             _emit_level_item_sums(e, K, "sb + p_off")
         e("cuda.syncthreads()",
-          f"for t in range(tid, {4 * K2}, {T}):")
+          f"for t in range(tid, (j1 - j0 + 1) * {4 * K2}, {T}):")
         with e.indent():
-            e(f"k = t // {K2}", f"rem = t - k * {K2}", f"dy = rem // {K}", f"dx = rem - dy * {K}",
-              "tot = fz",
-              "for ch in range(P):",
-              f"    tot += S[sb + p_off + ((dy * P + ch) * 4 + k) * {K} + dx]",
-              "if valid:",
-              f"    S[sb + w_off + {K2 + 1} + (j - 1) * {4 * K2} + t] += tot")
-        e("cuda.syncthreads()")
+            e(f"j = j0 + t // {4 * K2}", f"rem = t - (j - j0) * {4 * K2}",
+              f"k = rem // {K2}", f"dy = (rem - k * {K2}) // {K}",
+              f"dx = rem - k * {K2} - dy * {K}",
+              f"P = {_lvl('j', 'chunks')}", "tot = fz")
+            _emit_chunk_sum(e, "tot", f"sb + p_off + (({_lvl('j', 'item0')} + dy * P) * 4 + k)"
+                            f" * {K} + dx", 4 * K)
+            e("if valid:",
+              f"    S[sb + w_off + {K2 + 1} + (j0 - 1) * {4 * K2} + t] += tot")
+        e("cuda.syncthreads()", "j0 = j1 + 1")
+
+
+#: Loads in flight in :func:`_emit_chunk_sum`.
+CHUNK_SUM_GROUP = 4
+
+
+def _emit_chunk_sum(e: _Emitter, total: str, first: str, stride: int) -> None:
+    """Add the ``P`` chunk partials ``S[first + ch * stride]`` into ``total``, ``ch`` in order.
+
+    The same sum, bit for bit, as a plain loop, but the loads go out
+    `CHUNK_SUM_GROUP` at a time (a plain loop waits out each load's latency
+    before its add) and the index steps by a constant instead of being
+    recomputed in 64-bit arithmetic.
+    """
+    G = CHUNK_SUM_GROUP
+    e(f"at = {first}", "left = P", f"while left >= {G}:")
+    with e.indent():
+        e(", ".join(f"v{g}" for g in range(G)) + " = "
+          + ", ".join(f"S[at + {g * stride}]" for g in range(G)))
+        e(*(f"{total} += v{g}" for g in range(G)))
+        e(f"at += {G * stride}", f"left -= {G}")
+    e("while left > 0:")
+    with e.indent():
+        e(f"{total} += S[at]", f"at += {stride}", "left -= 1")
 
 
 def _emit_level_accumulators(e: _Emitter, K: int) -> None:

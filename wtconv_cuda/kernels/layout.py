@@ -42,6 +42,11 @@ and, for the backward that computes the weight gradients alone
   the folded weights, the subbands and the halos, the working set of a 56 x
   56 plane at L 5, K 5 drops from 68.5 KB to 55.5 KB: four blocks per SM
   instead of three.
+* *Level-tap work items* (backward): level ``j``'s tap gradients split its
+  rows into ``chunks`` chunks; its ``K * chunks`` work items (tap row, chunk)
+  start at item ``item0`` of the list of its phase, the levels up to
+  ``phase_last`` that run side by side (:func:`level_tap_plan`). Level 0's
+  three fields are 0 (the base taps plan their own chunks).
 """
 
 from __future__ import annotations
@@ -58,7 +63,8 @@ HEADER_FIELDS = (
 )
 HEADER = {name: i for i, name in enumerate(HEADER_FIELDS)}
 #: Per-level fields, ``LEVEL_FIELDS`` entries for each level 0..L.
-LEVEL_FIELDS = ("Hj", "Wj", "src", "pitch", "phase", "z", "gsrc", "gpitch", "gphase")
+LEVEL_FIELDS = ("Hj", "Wj", "src", "pitch", "phase", "z", "gsrc", "gpitch", "gphase",
+                "chunks", "item0", "phase_last")
 LEVEL_BASE = len(HEADER_FIELDS)
 LEVEL_STRIDE = len(LEVEL_FIELDS)
 
@@ -119,6 +125,102 @@ def row_chunks(rows: int, kernel_size: int, threads: int) -> int:
         ``max(1, min(rows, threads // kernel_size))``.
     """
     return max(1, min(rows, threads // kernel_size))
+
+
+#: Per-row cost of a level-tap work item beyond its coefficients, in
+#: coefficient steps (the window's first ``K - 1`` blocks and the row's setup).
+ROW_OVERHEAD = 2
+#: Cost of one phase of level-tap work items beyond its longest item, in
+#: coefficient steps: two barriers and the reduction of its partial sums.
+PHASE_OVERHEAD = 8
+
+
+class LevelTapPlan(NamedTuple):
+    """How the tap gradients of levels 1..L are shared out among a plane's threads.
+
+    The levels run in phases of consecutive levels; within a phase every
+    level's work items (tap row, chunk of rows) form one list, one item per
+    thread as far as the list allows, followed by a barrier and the reduction
+    of the phase's partial sums.
+
+    Attributes
+    ----------
+    chunks : tuple of int
+        Row chunks of levels 1..L.
+    phase_last : tuple of int
+        For each level 1..L, the last level of its phase.
+    items : int
+        Work items of the longest phase (the partial sums it needs: ``4 K``
+        floats each).
+    """
+
+    chunks: tuple
+    phase_last: tuple
+    items: int
+
+
+def _phase_chunks(levels, kernel_size: int, budget: int):
+    """``(cost, chunks)`` of one phase over ``levels`` (``(H_j, W_j)`` pairs): the fewest
+    chunks that keep its longest item shortest within ``budget`` items, or None."""
+    costs = sorted({rows * (wj + ROW_OVERHEAD) for hj, wj in levels
+                    for rows in range(1, hj + 1)})
+    for cost in costs:
+        rows = [min(hj, cost // (wj + ROW_OVERHEAD)) for hj, wj in levels]
+        if min(rows) < 1:
+            continue
+        chunks = [_ceil_div(hj, r) for (hj, _), r in zip(levels, rows)]
+        if kernel_size * sum(chunks) <= budget:
+            return cost, chunks
+    return None
+
+
+@lru_cache(maxsize=256)
+def level_tap_plan(shapes: tuple, kernel_size: int, threads: int) -> LevelTapPlan:
+    """Phases and row chunks of the level taps' gradients (backward kernels).
+
+    A phase's list holds at most ``K * row_chunks(H_1)`` items, what level 1
+    alone takes with one item per thread (so its partial sums fit in that
+    space). Within a phase the chunks are the fewest that keep the longest
+    item shortest, an item of ``r`` rows of ``W_j`` coefficients costing ``r *
+    (W_j + ROW_OVERHEAD)``; the phases are the split of levels 1..L that
+    minimises the sum of their longest items plus ``PHASE_OVERHEAD`` each. One
+    level per phase with one item per thread is always a candidate, so the
+    plan is never longer, by this count, than running the levels one by one.
+
+    Parameters
+    ----------
+    shapes : tuple of tuple of int
+        ``(H_j, W_j)`` for ``j = 0..L`` (:func:`level_shapes`).
+    kernel_size : int
+        Odd ``K``.
+    threads : int
+        Threads per plane.
+
+    Returns
+    -------
+    LevelTapPlan
+        Empty tuples and 0 items for ``L = 0``.
+    """
+    levels = list(shapes[1:])
+    if not levels:
+        return LevelTapPlan((), (), 0)
+    budget = kernel_size * row_chunks(levels[0][0], kernel_size, threads)
+    # best[i]: (cost, phases) of levels i.. (0-based), phases as (last, chunks)
+    best = [None] * len(levels) + [(0, [])]
+    for i in range(len(levels) - 1, -1, -1):
+        for last in range(i, len(levels)):
+            phase = _phase_chunks(levels[i:last + 1], kernel_size, budget)
+            if phase is None or best[last + 1] is None:
+                continue
+            cost = phase[0] + PHASE_OVERHEAD + best[last + 1][0]
+            if best[i] is None or cost < best[i][0]:
+                best[i] = (cost, [(last, phase[1])] + best[last + 1][1])
+    chunks, phase_last, items = [], [], 0
+    for last, phase in best[0][1]:
+        chunks += phase
+        phase_last += [last + 1] * len(phase)
+        items = max(items, kernel_size * sum(phase))
+    return LevelTapPlan(tuple(chunks), tuple(phase_last), items)
 
 
 class PlaneLayout(NamedTuple):
@@ -264,12 +366,16 @@ def plane_layout(h: int, w: int, levels: int, kernel_size: int, strip: int,
             xb_off = a_off + a_len  # x pyramid: region A's geometry, shifted
             p_off = xb_off + a_len
     slot = offset
+    chunks, phase_last, item0 = [0] * (levels + 1), [0] * (levels + 1), [0] * (levels + 1)
     if backward:
+        taps = level_tap_plan(tuple(shapes), kernel_size, threads)
+        chunks[1:], phase_last[1:] = taps.chunks, taps.phase_last
+        for j in range(2, levels + 1):  # a phase's items follow on from its previous level's
+            if phase_last[j - 1] == phase_last[j]:
+                item0[j] = item0[j - 1] + kernel_size * chunks[j - 1]
         chunks0 = row_chunks(h, kernel_size, threads)
-        partial = kernel_size * chunks0 * kernel_size + chunks0
-        for j in range(1, levels + 1):
-            chunks = row_chunks(shapes[j][0], kernel_size, threads)
-            partial = max(partial, kernel_size * chunks * 4 * kernel_size)
+        partial = max(kernel_size * chunks0 * kernel_size + chunks0,
+                      taps.items * 4 * kernel_size)
         slot = max(slot, p_off + partial)
 
     ntaps = kernel_size * kernel_size + 1 + 4 * levels * kernel_size * kernel_size
@@ -294,6 +400,9 @@ def plane_layout(h: int, w: int, levels: int, kernel_size: int, strip: int,
         geo[base + 6] = gsrcs[j] if j < len(gsrcs) else 0
         geo[base + 7] = gpitches[j] if j < len(gpitches) else 0
         geo[base + 8] = gphases[j] if j < len(gphases) else 0
+        geo[base + 9] = chunks[j]
+        geo[base + 10] = item0[j]
+        geo[base + 11] = phase_last[j]
     geo.setflags(write=False)
     return PlaneLayout(geo, slot, ntaps)
 
