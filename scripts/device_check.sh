@@ -7,7 +7,8 @@
 #   kernels    compile the variants the oracle sweep needs (all cores), then
 #              tests/gpu/test_gpu_kernels.py: every shape x L 0..6 x K x stride x
 #              fp32/fp16/bf16 against the float64 oracle, the kernel sizes dealt
-#              out over the GPUs                     (~5 min at 4 K on one GPU)
+#              out over the GPUs (on one 16-core GPU machine: one K per call,
+#              TEST_KS=5; at 4 K its warmup alone outran a 10-minute call)
 #   bindings   tests/gpu/test_bindings_gpu.py and test_reliability_gpu.py, plus
 #              benchmarks/binding_overhead.py (~2 min; ~5 on a cold kernel cache)
 #   ncu        DRAM bytes of one forward + backward at 64x96x56x56, L5, K5, fp32
