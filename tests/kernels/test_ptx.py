@@ -70,6 +70,9 @@ SPECS = textwrap.dedent("""
               if not (scratch and storage == "float16")]
     from wtconv_cuda.kernels.flip import FlipSpec
     specs += [FlipSpec(storage, k) for k in (1, 5) for storage in STORAGE]
+    # More tap rows than threads per plane: the correlation items as loops (the code
+    # both backward kernels share; the one-kernel K 17 variant spills 24 B uncapped).
+    specs += [PlaneSpec(17, "float32", 1, 1, True, False, 16, 1, 0, 16, True, False, True)]
 """)
 
 

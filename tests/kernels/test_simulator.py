@@ -119,6 +119,18 @@ def test_level_taps_in_phases(rng, dx_forward):
     assert_close(run_layer(rng, (1, 2, 17, 23), 5, 5, 1, tuning=tuning), DTYPES["float32"][1])
 
 
+@pytest.mark.parametrize("dx_forward", [False, True])
+def test_kernel_wider_than_the_plane_threads(rng, dx_forward):
+    """K 25 on 16-thread planes: more tap rows than threads, so threads take several
+    base-tap and level-tap items in turn (one item each dropped the rows past the 16th:
+    weight gradients 30-60% off)."""
+    tuning = Tuning(threads=16, dx_forward=dx_forward)
+    problem = Problem(2, 3, 11, 10, 25, 2, 1, "float32", True)
+    spec = plan_plane(problem, True, 227 * 1024, 1, tuning).spec
+    assert spec.threads == 16 and spec.weights_only == dx_forward
+    assert_close(run_layer(rng, (2, 3, 11, 10), 2, 25, 1, tuning=tuning), DTYPES["float32"][1])
+
+
 def test_both_analysis_decompositions(rng):
     """17x23 at K=3: strip items on levels 1-2, single items on level 3 (bitwise the same
     sums, but separate code)."""

@@ -1007,13 +1007,21 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
         e("cuda.syncthreads()")
         _emit_ll_chain(e, spec, " + xshift")
 
+    # One work item per thread where K <= T (then there are at most T items);
+    # with more tap rows than threads, threads take items in turn (one chunk
+    # per tap row).
+    item = "tid" if K <= T else "item"
+
+    def items(count: str) -> str:
+        return f"if tid < {count}:" if K <= T else f"for item in range(tid, {count}, {T}):"
+
     # Base taps: pixels are walked in column pairs (2m, 2m+1); the window holds
     # the K+1 x values at columns 2m + e, e = -R..R+1 (register n = e + R).
     e(f"P = max(int64(1), min(H, int64({chunks_cap})))",
       f"nit = {K} * P",
-      "if tid < nit:")
+      items("nit"))
     with e.indent():
-        e("dy = tid // P", "ch = tid - dy * P", "gsum = fz",
+        e(f"dy = {item} // P", f"ch = {item} - dy * P", "gsum = fz",
           ", ".join(f"acc_{dx}" for dx in range(K)) + " = " + ", ".join("fz" for _ in range(K)),
           "py = ch", "while py < H:")
         with e.indent():
@@ -1037,7 +1045,7 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
                               after=odd_column)
             e("py += P")
         for dx in range(K):
-            e(f"S[sb + p_off + tid * {K} + {dx}] = acc_{dx}")
+            e(f"S[sb + p_off + {item} * {K} + {dx}] = acc_{dx}")
         e("if dy == 0:", f"    S[sb + p_off + nit * {K} + ch] = gsum")
     e("cuda.syncthreads()",
       f"for t in range(tid, {K2 + 1}, {T}):")
@@ -1059,16 +1067,16 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
       "while j0 <= L:")
     with e.indent():
         e(f"j1 = {_lvl('j0', 'phase_last')}",
-          f"if tid < {_lvl('j1', 'item0')} + {K} * {_lvl('j1', 'chunks')}:")
+          items(f"{_lvl('j1', 'item0')} + {K} * {_lvl('j1', 'chunks')}"))
         with e.indent():
             e("j = j0",
-              f"while j < j1 and tid >= {_lvl('j + 1', 'item0')}:",
+              f"while j < j1 and {item} >= {_lvl('j + 1', 'item0')}:",
               "    j += 1",
               f"srcp = {_lvl('j - 1', 'src')}", f"spp = {_lvl('j - 1', 'pitch')}",
               f"sph = {_lvl('j - 1', 'phase')}",
               f"Hj = {_lvl('j', 'Hj')}", f"Wj = {_lvl('j', 'Wj')}",
               f"P = {_lvl('j', 'chunks')}",
-              f"u = tid - {_lvl('j', 'item0')}",
+              f"u = {item} - {_lvl('j', 'item0')}",
               "dy = u // P", "ch = u - dy * P")
             _emit_level_accumulators(e, K)
             e("qy = ch", "while qy < Hj:")
@@ -1082,7 +1090,7 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
                 _emit_block_window(e, K, "xp", "gp", "Wj", "sph",
                                    gphase="gph" if spec.weights_only else None)
                 e("qy += P")
-            _emit_level_item_sums(e, K, "sb + p_off")
+            _emit_level_item_sums(e, K, "sb + p_off", item)
         e("cuda.syncthreads()",
           f"for t in range(tid, (j1 - j0 + 1) * {4 * K2}, {T}):")
         with e.indent():
@@ -1127,11 +1135,11 @@ def _emit_level_accumulators(e: _Emitter, K: int) -> None:
         e(", ".join(f"acc{k}_{dx}" for dx in range(K)) + " = " + ", ".join("fz" for _ in range(K)))
 
 
-def _emit_level_item_sums(e: _Emitter, K: int, base: str) -> None:
-    """Store a work item's ``acc{k}_{dx}`` at ``S[base + (tid * 4 + k) * K + dx]``."""
+def _emit_level_item_sums(e: _Emitter, K: int, base: str, item: str = "tid") -> None:
+    """Store a work item's ``acc{k}_{dx}`` at ``S[base + (item * 4 + k) * K + dx]``."""
     for k in range(4):
         for dx in range(K):
-            e(f"S[{base} + (tid * 4 + {k}) * {K} + {dx}] = acc{k}_{dx}")
+            e(f"S[{base} + ({item} * 4 + {k}) * {K} + {dx}] = acc{k}_{dx}")
 
 
 def _emit_pair_window(e: _Emitter, K: int, x_at, g_at, pairs: str, after=None) -> None:

@@ -140,8 +140,9 @@ class LevelTapPlan(NamedTuple):
 
     The levels run in phases of consecutive levels; within a phase every
     level's work items (tap row, chunk of rows) form one list, one item per
-    thread as far as the list allows, followed by a barrier and the reduction
-    of the phase's partial sums.
+    thread (where ``K`` exceeds the threads per plane, one chunk per level and
+    threads take items in turn), followed by a barrier and the reduction of
+    the phase's partial sums.
 
     Attributes
     ----------
