@@ -469,3 +469,7 @@ def test_planner_takes_the_tiled_backward_for_large_planes():
                       backward=True) is None
     assert plan_tiles(Problem(8, 64, 512, 512, 5, 1, 1, "float32", True), limit,
                       Tuning(tiles=False), backward=True) is None
+    # more tap rows than threads: not the tiled backward (one correlation item a thread)
+    wide = Problem(1, 1, 130, 130, 33, 1, 1, "float32", True)
+    assert plan_tiles(wide, limit, Tuning(tiles=True, threads=32), backward=True) is None
+    assert plan_tiles(wide, limit, Tuning(tiles=True, threads=32)) is not None

@@ -662,6 +662,8 @@ def plan_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
     if edge % 2 ** max(p.levels, 1):  # the coarsest level's coefficients must tile exactly
         return None
     threads = tuning.threads or TILE_THREADS
+    if backward and threads < p.kernel_size:  # its correlations take one item per thread
+        return None
     geo = tile_geometry(p.kernel_size, p.levels, edge, backward, threads)
     if backward and not tuning.threads and 2 * 4 * geo.floats > shared_limit:
         # one block per SM: more warps to hide latency, if their larger reduction area fits
