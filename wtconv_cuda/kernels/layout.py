@@ -300,7 +300,8 @@ def plane_layout(h: int, w: int, levels: int, kernel_size: int, strip: int,
         kernel.
     threads : int
         Threads per plane (one thread group of a block); bounds the number of
-        row chunks of the weight-gradient phase (:func:`row_chunks`).
+        row chunks of the weight-gradient phase (:func:`row_chunks`,
+        :func:`level_tap_plan`).
     in_stride, out_stride : int
         Upsampling factor of the input plane (backward: ``stride``) and
         subsampling factor of the output (forward: ``stride``).
