@@ -406,6 +406,6 @@ def test_stage_planes_and_precompile_specs():
     assert len(specs) == 7 + 5 + 5 and len(set(specs)) == len(specs)
     kinds = [type(s) for s in specs]
     assert kinds.count(CoarseSpec) == kinds.count(FlipSpec) == kinds.count(FinalizeSpec) == 1
-    assert sorted(s.tile for s in specs if isinstance(s, TileSpec)) == [32, 64]
+    assert sorted(s.tile for s in specs if isinstance(s, TileSpec)) == [32, 56]
     assert sum(getattr(s, "fused_finalize", False) for s in specs) == 4
     assert sum(getattr(s, "weights_only", False) for s in specs) == 4
