@@ -58,6 +58,9 @@
 # tile_bench.py), REPORT=1 (load
 # every compiled variant and record registers and local memory: ~1 s a kernel).
 # Logs and JSON land in $OUT (the device tool's output folder) or ./device_out.
+# A cold kernel cache costs most of a call: scripts/build_ptx_cache.sh K ... builds
+# the kernels phase's PTX on a CPU machine into .ptxcache/ (carry it); it is
+# unpacked into $WTCONV_CUDA_CACHE here before the phases run.
 # Wheels the image lacks can be carried in .whl/ (see the device README); the
 # package needs none: it restores numpy.row_stack for numba-cuda 0.30 on
 # NumPy >= 2.5 (wtconv_cuda/kernels/_numba_compat.py).
@@ -71,6 +74,12 @@ if compgen -G ".whl/*.whl" >/dev/null; then
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+# PTX compiled ahead on a CPU machine (scripts/build_ptx_cache.sh), if carried.
+if compgen -G ".ptxcache/*.tar.xz" >/dev/null; then
+  mkdir -p "$WTCONV_CUDA_CACHE"
+  for archive in .ptxcache/*.tar.xz; do tar -C "$WTCONV_CUDA_CACHE" -xJf "$archive"; done
+  echo "kernel cache: $(find "$WTCONV_CUDA_CACHE" -name '*.ptx' | wc -l) PTX files unpacked from .ptxcache"
+fi
 TEST_KS=${TEST_KS:-3,5,7,9}
 status=0
 phases=("$@")
