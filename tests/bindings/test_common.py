@@ -8,7 +8,7 @@ import pytest
 
 from wtconv_cuda.bindings import _common
 from wtconv_cuda.kernels.launch import (
-    Problem, Tuning, Weights, plan_plane, run_backward, run_forward,
+    Problem, Tuning, Weights, plan_plane, run_backward, run_forward, work_buffers,
 )
 
 
@@ -162,6 +162,30 @@ def test_launcher_passes_pointers_stream_and_keeps_buffers(shared_limit):
     assert plane["args"][11:16] == tuple(grads)
     assert plane["args"][16:] == plan.header
     assert len(launcher.keep) == (1 if plan.scratch_floats else 0)
+
+
+def test_launcher_runs_a_chunked_dx_forward_on_batch_offsets():
+    """A backward whose dx comes from the forward kernels in batch chunks hands each chunk's
+    forward the addresses of its first batch entry (storage-sized elements), and the
+    chunks' work buffers are requested as work_buffers() says."""
+    backend = FakeBackend(shared_limit=227 * 1024)
+    allocations, tables = [], []
+    device, new = make_launcher(backend, allocations, tables)
+    problem = Problem(5, 3, 33, 31, 5, 2, 1, "bfloat16", True)
+    tuning = Tuning(dx_forward=True, dx_batch=2)
+    x, dy, dx = pointers(0x100000, 0x200000, 0x300000)
+    weights = Weights(*pointers(0x30, 0x40, 0x50, 0x60, 0x70))
+    grads = Weights(*pointers(0x31, 0x41, 0x51, 0x61, 0x71))
+    run_backward(new(), problem, x, dy, dx, weights, grads, tuning)
+    forwards = [call for call in backend.log
+                if type(call["spec"]).__name__ == "PlaneSpec" and not call["spec"].backward]
+    entry = 3 * 33 * 31 * 2  # bytes of one batch entry in bfloat16
+    assert [call["args"][:2] for call in forwards] == [
+        (np.uint64(0x200000 + start * entry), np.uint64(0x300000 + start * entry))
+        for start in (0, 2, 4)]
+    assert tuple(n for _, n, _ in allocations) == tuple(
+        max(n, 1) for n in work_buffers(problem, True, backend.shared_limit, backend.max_slots,
+                                        tuning))
 
 
 def test_device_kernels_table_is_created_once_per_value():

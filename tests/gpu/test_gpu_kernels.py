@@ -27,7 +27,7 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 from wtconv_cuda import reference  # noqa: E402
 from wtconv_cuda.kernels.launch import (  # noqa: E402
     CupyBackend, Problem, Tuning, Weights, plan_plane, plan_registers, plan_split, plan_tiles,
-    run_backward, run_forward,
+    dx_forward_batches, run_backward, run_forward,
 )
 from wtconv_cuda.weights import WTConvWeights  # noqa: E402
 
@@ -349,6 +349,8 @@ DX_CASES = [case for case in DX_CASES if case[2] in KERNEL_SIZES]
 #: zero for the next; planes of 160 threads (five warps).
 DX_TUNED_CASES = [((5, 3, 17, 23), 4, k, 1, Tuning(batch_chunk=3)) for k in KERNEL_SIZES]
 DX_TUNED_CASES += [((2, 3, 17, 23), 3, k, 1, Tuning(threads=160)) for k in KERNEL_SIZES]
+# dx from the forward in batch chunks of 2, 2 and 1 (each chunk's forward on its entries)
+DX_TUNED_CASES += [((5, 3, 17, 23), 3, k, 1, Tuning(dx_batch=2)) for k in KERNEL_SIZES]
 DX_TUNED_CASES += [((3, 4, 56, 56), 5, 5, 1, Tuning(threads=160))] if 5 in KERNEL_SIZES else []
 
 
@@ -364,6 +366,19 @@ def test_dx_in_the_plane_kernel_or_the_forward(shape, levels, k, stride, tuning,
     _, plane_grads = run_case(shape, levels, k, stride, storage, tuning=tunings[1])
     for a, b in zip(forward_grads, plane_grads):
         assert bool(cupy.array_equal(a, b))
+
+
+@pytest.mark.parametrize("storage", ["bfloat16", "float16"])
+def test_planner_dx_forward_chunks_at_convnext_stage(storage):
+    """The planner's own choice at the 28 x 28 stage in 16-bit storage: dx from the
+    forward kernels in two batch chunks (their float32 work buffers, per chunk, stay
+    within the memory budget)."""
+    if 5 not in KERNEL_SIZES:
+        pytest.skip("K = 5 runs in another GPU process")
+    kernels = backend()
+    problem = Problem(64, 192, 28, 28, 5, 4, 1, storage, True)
+    assert dx_forward_batches(problem, kernels.shared_limit, kernels.max_slots) == (32, 32)
+    run_case((64, 192, 28, 28), 4, 5, 1, storage)
 
 
 #: Two 16-thread planes per warp (warp barriers shared by both), 16 planes per

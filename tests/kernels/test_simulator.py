@@ -258,9 +258,37 @@ def test_dx_from_the_forward_kernels(rng, levels, k, shared_limit, batch_chunk):
         np.testing.assert_array_equal(new, old)
 
 
-@pytest.mark.parametrize("shared_limit,dx_forward", [(227 * 1024, None), (0, None),
-                                                     (227 * 1024, True)])
-def test_work_buffers_match_requests(rng, shared_limit, dx_forward):
+@pytest.mark.parametrize("shared_limit", [227 * 1024, 0])
+def test_dx_forward_in_batch_chunks(rng, shared_limit):
+    """dx from the forward kernels run over batch chunks (2, 2, 1) is bit for bit the
+    one-run result, and both match the oracle; each chunk's forward writes only its
+    own batch entries (the output is poisoned first). With no shared memory the
+    forward works in global scratch, one buffer per chunk."""
+    shape, levels, k = (5, 2, 9, 7), 2, 3
+    problem = Problem(*shape, k, levels, 1, "float32", True)
+    x = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    wts = random_weights(rng, shape[1], k, levels, dtype=np.float32)
+    weights = Weights(*wts)
+    results = []
+    for dx_batch, runs in ((None, 1), (2, 3)):
+        backend = RecordingBackend(shared_limit=shared_limit)
+        dx = np.full(shape, np.nan, np.float32)
+        grads = Weights(*(np.full(a.shape, np.nan, np.float32) for a in weights))
+        run_backward(backend, problem, x, dy, dx, weights, grads,
+                     Tuning(dx_forward=True, dx_batch=dx_batch))
+        forwards = [spec for spec in backend.kernels if getattr(spec, "backward", True) is False]
+        assert len(forwards) == runs  # the register kernel, or the plane kernel in scratch
+        assert_close(backward_errors(x, wts, dy, levels, 1, dx, grads, True),
+                     DTYPES["float32"][1])
+        results.append((dx, *grads))
+    for chunked, whole in zip(results[1], results[0]):
+        np.testing.assert_array_equal(chunked, whole)
+
+
+@pytest.mark.parametrize("shared_limit,dx_forward,dx_batch", [
+    (227 * 1024, None, None), (0, None, None), (227 * 1024, True, None), (0, True, 1)])
+def test_work_buffers_match_requests(rng, shared_limit, dx_forward, dx_batch):
     """Bindings size their buffers with work_buffers(); it must match what runs ask for."""
     from wtconv_cuda.kernels.launch import work_buffers
     shape, levels, k = (2, 2, 7, 9), 2, 3
@@ -273,7 +301,7 @@ def test_work_buffers_match_requests(rng, shared_limit, dx_forward):
     assert tuple(backend.requests) == work_buffers(problem, False, shared_limit, backend.max_slots)
     backend.requests.clear()
     grads = Weights(*(np.empty_like(a) for a in weights))
-    tuning = Tuning(dx_forward=dx_forward)
+    tuning = Tuning(dx_forward=dx_forward, dx_batch=dx_batch)
     run_backward(backend, problem, x, x.copy(), np.empty_like(x), weights, grads, tuning)
     assert tuple(backend.requests) == work_buffers(problem, True, shared_limit, backend.max_slots,
                                                    tuning)

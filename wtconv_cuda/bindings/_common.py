@@ -24,6 +24,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from ..kernels.driver import DeviceScope, driver_launch
+from ..kernels.launch import ITEMSIZE
 
 __all__ = [
     "WAVELETS",
@@ -394,6 +395,10 @@ class PointerLauncher:
         self.keep.append(owner)
         self._pointers.append(int(pointer))
         return np.uint64(pointer)
+
+    def entries(self, array, start: int, count: int, storage: str):
+        """Device address of element ``start`` of a layer array of ``storage`` type."""
+        return np.uint64(int(array) + ITEMSIZE[storage] * int(start))
 
     def view(self, buffer, start: int, count: int):
         """Device address of element ``start`` of a work buffer from :meth:`float32`."""

@@ -158,6 +158,10 @@ class Tuning(NamedTuple):
         does so, False never (``dx`` in the plane kernel too: one pass over
         ``dy`` instead of two), None where :func:`dx_from_forward` finds it
         pays and fits.
+    dx_batch : int or None
+        With ``dx`` from the forward kernels: batch entries per chunk of the
+        forward (clipped to ``B``; see :func:`dx_forward_batches`). None
+        takes the fewest near-equal chunks whose work buffers fit.
     """
 
     threads: int | None = None
@@ -172,6 +176,7 @@ class Tuning(NamedTuple):
     split: int | None = None
     registers: bool | None = None
     dx_forward: bool | None = None
+    dx_batch: int | None = None
 
 
 #: Bytes per element of each storage dtype.
@@ -211,6 +216,11 @@ DX_FORWARD_MIN_ELEMENTS = 1 << 20
 #: the peak, so a training step's peak stays within about ``2 1/6`` times the
 #: bytes of ``x`` above the inputs, against depthwise 7x7's 2 (``y``, ``dx``).
 DX_FORWARD_BUFFER_FRACTION = 1 / 6
+#: Most batch chunks the forward computing a backward's ``dx`` runs in, so
+#: that its work buffers (per chunk, released in between) fit in
+#: `DX_FORWARD_BUFFER_FRACTION`: each chunk issues the forward's launches
+#: again (three to five for a split forward, ~7 us of host time each).
+DX_FORWARD_MAX_CHUNKS = 8
 
 
 def batch_chunk(problem: Problem, ntaps: int, group: int, max_slots: int) -> int:
@@ -952,6 +962,11 @@ def _small_plane_tiles(p: Problem, shared_limit: int, tuning: Tuning, backward: 
 class _ArrayViews:
     """Work-buffer views of the array backends (CuPy and NumPy slice alike)."""
 
+    def entries(self, array, start: int, count: int, storage: str):
+        """Elements ``start .. start + count`` of a C-contiguous layer array, flat
+        (a view; ``storage`` is the array's own type)."""
+        return array.reshape(-1)[start:start + count]
+
     def view(self, buffer, start: int, count: int):
         """Elements ``start .. start + count`` of a float32 work buffer (a view)."""
         return buffer[start:start + count]
@@ -1218,7 +1233,8 @@ def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots:
         ``([scratch])`` forward (an empty tuple when no scratch is needed or
         the forward runs on tiles); a ``weights_only`` plane backward first
         asks for the flipped filters (:func:`flipped_filter_floats`) and the
-        buffers of the forward that computes ``dx``; a split pass
+        buffers of the forward that computes ``dx``, once per batch chunk
+        (:func:`dx_forward_batches`); a split pass
         (:func:`plan_split`) asks for its two coarse work buffers first (pooled arrays, then the rest),
         then for the coarse problem's buffers (and, backward, then for the
         tiles' partials).
@@ -1235,9 +1251,11 @@ def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots:
         return (tiled.partial_floats,) if backward else ()
     launch = plan_plane(problem, backward, shared_limit, max_slots, tuning)
     sizes = []
-    if launch.spec.weights_only:  # dx first: the flipped filters, the forward's buffers
+    if launch.spec.weights_only:  # dx first: the flipped filters, each chunk's buffers
         sizes += [flipped_filter_floats(problem)]
-        sizes += work_buffers(_dx_problem(problem), False, shared_limit, max_slots)
+        for count in dx_forward_batches(problem, shared_limit, max_slots, tuning):
+            sizes += work_buffers(_dx_problem(problem)._replace(batch=count), False,
+                                  shared_limit, max_slots)
     if backward and not launch.spec.fused_finalize:
         sizes.append(launch.partial_floats)
     if launch.scratch_floats:
@@ -1264,7 +1282,8 @@ def planned_specs(problem: Problem, backward: bool, shared_limit: int, max_slots
     -------
     list of CoarseSpec, TileSpec, PlaneSpec, FinalizeSpec, CoarseOutSpec and FlipSpec
         A ``weights_only`` plane backward lists ``wtconv_flip`` and the
-        forward's specs first (they compute ``dx``). A split pass lists
+        forward's specs first (they compute ``dx``; those of each batch size
+        its chunks take, see :func:`dx_forward_batches`). A split pass lists
         ``wtconv_coarse_in``, the coarse problem's specs (planned with the
         default tuning), then the tiles (backward: then
         the finalize and ``wtconv_coarse_out``).
@@ -1283,9 +1302,12 @@ def planned_specs(problem: Problem, backward: bool, shared_limit: int, max_slots
         return [tiled.spec, finalize] if backward else [tiled.spec]
     spec = plan_plane(problem, backward, shared_limit, max_slots, tuning).spec
     specs = [spec, finalize] if backward and not spec.fused_finalize else [spec]
-    if spec.weights_only:
-        specs = ([FlipSpec(problem.storage, problem.kernel_size)]
-                 + planned_specs(_dx_problem(problem), False, shared_limit, max_slots) + specs)
+    if spec.weights_only:  # the forward's specs of each batch size its chunks take
+        forward = [s for count in dict.fromkeys(dx_forward_batches(problem, shared_limit,
+                                                                   max_slots, tuning))
+                   for s in planned_specs(_dx_problem(problem)._replace(batch=count), False,
+                                          shared_limit, max_slots)]
+        specs = [FlipSpec(problem.storage, problem.kernel_size)] + forward + specs
     return specs
 
 
@@ -1396,6 +1418,7 @@ def _run_forward_split(backend, problem: Problem, x, y, weights: Weights,
                                      int(problem.has_bias), tiled.tiles_x, tiled.ntiles),
             out, *_int64s(q.height, q.width))
     backend.call(backend.kernel(tiled.spec), tiled.grid, tiled.block, args, tiled.shared_bytes)
+    backend.release(keep)  # before a caller's next request (a batch-chunked dx forward)
 
 
 def _run_backward_split(backend, problem: Problem, x, dy, dx, weights: Weights,
@@ -1493,7 +1516,9 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
         return
     launch = plan_plane(problem, True, backend.shared_limit, backend.max_slots, tuning)
     if launch.spec.weights_only:  # dx from the forward kernels; the plane kernel skips it
-        _run_dx_forward(backend, problem, dy, dx, weights)
+        _run_dx_forward(backend, problem, dy, dx, weights,
+                        dx_forward_batches(problem, backend.shared_limit, backend.max_slots,
+                                           tuning))
     geo = backend.table(launch.geo)
     fused = launch.spec.fused_finalize  # the plane kernel writes the gradients itself
     partial = geo if fused else backend.float32(launch.partial_floats)
@@ -1517,9 +1542,8 @@ def dx_from_forward(problem: Problem, shared_limit: int, max_slots: int,
     H200 at K 5, fp32, that took the ConvNeXt-T stages' backward from 1.028 /
     0.594 / 0.424 ms to 0.955 / 0.563 / 0.405 ms (56 / 28 / 14 pixels). It
     costs a second read of ``dy``, the flip launch, and the forward's work
-    buffers while ``dx`` is computed: at 14 x 14 those are half the bytes of
-    ``x`` (a split forward), which would break the 1.1x peak-memory bound,
-    so that stage keeps the one-kernel backward by default.
+    buffers while ``dx`` is computed, which the forward bounds by running in
+    batch chunks (:func:`dx_forward_batches`).
 
     Parameters
     ----------
@@ -1530,23 +1554,78 @@ def dx_from_forward(problem: Problem, shared_limit: int, max_slots: int,
     tuning : Tuning, optional
         ``tuning.dx_forward`` True or False decides (True only at stride 1);
         None takes the forward kernels at stride 1 when ``x`` has at least
-        `DX_FORWARD_MIN_ELEMENTS` elements and the forward's work buffers
-        take at most `DX_FORWARD_BUFFER_FRACTION` of its bytes.
+        `DX_FORWARD_MIN_ELEMENTS` elements and the forward's work buffers,
+        in at most `DX_FORWARD_MAX_CHUNKS` batch chunks, take at most
+        `DX_FORWARD_BUFFER_FRACTION` of its bytes.
 
     Returns
     -------
     bool
     """
+    return bool(dx_forward_batches(problem, shared_limit, max_slots, tuning))
+
+
+@lru_cache(maxsize=1024)
+def dx_forward_batches(problem: Problem, shared_limit: int, max_slots: int,
+                       tuning: Tuning = Tuning()) -> tuple[int, ...]:
+    """Batch sizes of the forward runs that compute a plane backward's ``dx``.
+
+    The runs go one after another on ``dy``'s batch entries in order, each
+    releasing its work buffers before the next asks for them, so the memory
+    they hold at once is one chunk's buffers and the flipped filters. By
+    default the batch splits into the fewest of 1, 2, 4, ...,
+    `DX_FORWARD_MAX_CHUNKS` near-equal chunks (larger ones first) whose
+    buffers take at most `DX_FORWARD_BUFFER_FRACTION` of the bytes of ``x``;
+    the chunks' plans (a split forward or not) are the planner's for their
+    own batch size.
+
+    Parameters
+    ----------
+    problem : Problem
+        The layer call.
+    shared_limit, max_slots : int
+        The backend's limits, as passed to :func:`plan_plane`.
+    tuning : Tuning, optional
+        ``dx_forward`` as in :func:`dx_from_forward`; True where no chunking
+        fits runs the whole batch at once. ``dx_batch`` fixes the entries
+        per chunk (the last takes the rest); with ``dx_forward`` None the
+        path is then taken only where those chunks fit.
+
+    Returns
+    -------
+    tuple of int
+        Batch entries of each run, summing to ``B``; empty when the backward
+        computes ``dx`` in the plane kernel.
+    """
     if problem.stride != 1 or tuning.dx_forward is False:
-        return False
-    if tuning.dx_forward:
-        return True
-    elements = problem.batch * problem.channels * problem.height * problem.width
-    if elements < DX_FORWARD_MIN_ELEMENTS:
-        return False
-    buffers = sum(work_buffers(_dx_problem(problem), False, shared_limit, max_slots))
-    buffers += flipped_filter_floats(problem)
-    return 4 * buffers <= DX_FORWARD_BUFFER_FRACTION * elements * ITEMSIZE[problem.storage]
+        return ()
+    B = problem.batch
+    elements = B * problem.channels * problem.height * problem.width
+    if not tuning.dx_forward and elements < DX_FORWARD_MIN_ELEMENTS:
+        return ()
+    if tuning.dx_batch:
+        step = min(tuning.dx_batch, B)
+        candidates = [tuple(min(step, B - start) for start in range(0, B, step))]
+    else:
+        candidates = []
+        chunks = 1
+        while chunks <= min(B, DX_FORWARD_MAX_CHUNKS):
+            q, r = divmod(B, chunks)
+            candidates.append((q + 1,) * r + (q,) * (chunks - r))
+            chunks *= 2
+    budget = DX_FORWARD_BUFFER_FRACTION * elements * ITEMSIZE[problem.storage]
+    for batches in candidates:
+        if 4 * _dx_forward_floats(problem, batches, shared_limit, max_slots) <= budget:
+            return batches
+    return candidates[0] if tuning.dx_forward else ()
+
+
+def _dx_forward_floats(problem: Problem, batches: tuple, shared_limit: int,
+                       max_slots: int) -> int:
+    """float32 elements live at once while ``dx`` runs in ``batches`` forward chunks."""
+    per_chunk = max(sum(work_buffers(_dx_problem(problem)._replace(batch=b), False,
+                                     shared_limit, max_slots)) for b in set(batches))
+    return flipped_filter_floats(problem) + per_chunk
 
 
 def _dx_problem(problem: Problem) -> Problem:
@@ -1577,10 +1656,12 @@ def _filter_counts(problem: Problem) -> tuple[int, int]:
     return C * K2, problem.levels * C * 4 * K2
 
 
-def _run_dx_forward(backend, problem: Problem, dy, dx, weights: Weights) -> None:
+def _run_dx_forward(backend, problem: Problem, dy, dx, weights: Weights,
+                    batches: tuple) -> None:
     """``dx`` of a stride-1 backward: the forward on ``dy`` with the filters turned by
     180 degrees (``wtconv_flip``), the same scales and no bias (see
-    :mod:`wtconv_cuda.kernels.flip`). Its work buffers are released on return."""
+    :mod:`wtconv_cuda.kernels.flip`), over the batch chunks ``batches``
+    (:func:`dx_forward_batches`). Its work buffers are released on return."""
     n0, nw = _filter_counts(problem)
     buf = backend.float32(flipped_filter_floats(problem))
     base_words = storage_words(n0, problem.storage)
@@ -1589,8 +1670,15 @@ def _run_dx_forward(backend, problem: Problem, dy, dx, weights: Weights) -> None
     backend.call(backend.kernel(FlipSpec(problem.storage, problem.kernel_size)),
                  min(-(-(n0 + nw) // FLIP_THREADS), 1024), FLIP_THREADS,
                  (weights.base_weight, weights.wavelet_weight, f0, fw, *_int64s(n0, nw)), 0)
-    run_forward(backend, _dx_problem(problem), dy, dx,
-                Weights(f0, weights.base_scale, weights.base_scale, fw, weights.wavelet_scale))
+    flipped = Weights(f0, weights.base_scale, weights.base_scale, fw, weights.wavelet_scale)
+    entry = problem.channels * problem.height * problem.width  # elements per batch entry
+    start = 0
+    for count in batches:
+        run_forward(backend, _dx_problem(problem)._replace(batch=count),
+                    backend.entries(dy, start * entry, count * entry, problem.storage),
+                    backend.entries(dx, start * entry, count * entry, problem.storage),
+                    flipped)
+        start += count
     backend.release(buf)
 
 

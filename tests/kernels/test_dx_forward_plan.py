@@ -1,0 +1,68 @@
+"""Planner rules for a backward that computes ``dx`` with the forward kernels.
+
+They run anywhere (no kernels launch): which stages take that path, in how many
+batch chunks, and that the chunks' work buffers stay within the memory budget.
+"""
+
+import pytest
+
+from wtconv_cuda.kernels import launch
+from wtconv_cuda.kernels.launch import (
+    DX_FORWARD_BUFFER_FRACTION, DX_FORWARD_MAX_CHUNKS, ITEMSIZE, Problem, Tuning,
+    dx_forward_batches, dx_from_forward, planned_specs, work_buffers,
+)
+
+LIMIT, SLOTS = 227 * 1024 - 1024, 264
+#: The ConvNeXt-T stages at batch 64 with the published levels (7 x 7 runs on the
+#: register kernel, which has no dx path of its own to choose).
+STAGES = [(64, 96, 56, 56, 5), (64, 192, 28, 28, 4), (64, 384, 14, 14, 3)]
+
+
+def _held_fraction(problem, batches):
+    """float32 bytes live while dx runs, as a fraction of the bytes of x."""
+    elements = problem.batch * problem.channels * problem.height * problem.width
+    held = launch._dx_forward_floats(problem, batches, LIMIT, SLOTS)
+    return 4 * held / (elements * ITEMSIZE[problem.storage])
+
+
+@pytest.mark.parametrize("storage", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("stage", STAGES)
+def test_convnext_stages_take_dx_from_the_forward_within_the_budget(stage, storage):
+    problem = Problem(*stage[:4], 5, stage[4], 1, storage, True)
+    batches = dx_forward_batches(problem, LIMIT, SLOTS)
+    assert batches and sum(batches) == problem.batch
+    assert len(batches) <= DX_FORWARD_MAX_CHUNKS
+    assert max(batches) - min(batches) <= 1 and list(batches) == sorted(batches, reverse=True)
+    assert _held_fraction(problem, batches) <= DX_FORWARD_BUFFER_FRACTION
+    # the fewest chunks that fit: half as many would not
+    if len(batches) > 1:
+        q, r = divmod(problem.batch, len(batches) // 2)
+        fewer = (q + 1,) * r + (q,) * (len(batches) // 2 - r)
+        assert _held_fraction(problem, fewer) > DX_FORWARD_BUFFER_FRACTION
+    assert dx_from_forward(problem, LIMIT, SLOTS)
+    assert planned_specs(problem, True, LIMIT, SLOTS)[0].__class__.__name__ == "FlipSpec"
+
+
+def test_bfloat16_at_56_runs_dx_in_two_chunks_and_float32_in_one():
+    fp32 = Problem(64, 96, 56, 56, 5, 5, 1, "float32", True)
+    bf16 = fp32._replace(storage="bfloat16")
+    assert dx_forward_batches(fp32, LIMIT, SLOTS) == (64,)
+    assert dx_forward_batches(bf16, LIMIT, SLOTS) == (32, 32)
+    # the request sequence repeats the chunk's buffers once per chunk
+    chunk = work_buffers(launch._dx_problem(bf16)._replace(batch=32), False, LIMIT, SLOTS)
+    sizes = work_buffers(bf16, True, LIMIT, SLOTS)
+    assert sizes[1:1 + 2 * len(chunk)] == chunk + chunk
+
+
+def test_forced_chunks_and_the_paths_without_them():
+    problem = Problem(5, 3, 33, 31, 5, 2, 1, "float32", True)
+    assert dx_forward_batches(problem, LIMIT, SLOTS) == ()  # too small by default
+    assert dx_forward_batches(problem, LIMIT, SLOTS, Tuning(dx_forward=True)) == (5,)
+    assert dx_forward_batches(problem, LIMIT, SLOTS,
+                              Tuning(dx_forward=True, dx_batch=2)) == (2, 2, 1)
+    assert dx_forward_batches(problem, LIMIT, SLOTS,
+                              Tuning(dx_forward=True, dx_batch=9)) == (5,)
+    assert dx_forward_batches(problem, LIMIT, SLOTS, Tuning(dx_batch=2)) == ()
+    large = Problem(64, 96, 56, 56, 5, 5, 1, "bfloat16", True)
+    assert dx_forward_batches(large, LIMIT, SLOTS, Tuning(dx_forward=False)) == ()
+    assert dx_forward_batches(large._replace(stride=2), LIMIT, SLOTS) == ()
