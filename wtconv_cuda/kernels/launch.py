@@ -1368,6 +1368,8 @@ def run_forward(backend, problem: Problem, x, y, weights: Weights,
     scratch = backend.float32(launch.scratch_floats) if launch.scratch_floats else geo
     args = (x, y, x, *weights, geo, scratch, geo, *launch.header)
     backend.call(backend.kernel(launch.spec), launch.grid, launch.block, args, launch.shared_bytes)
+    if launch.scratch_floats:  # released once queued, as the split forward's buffers
+        backend.release(scratch)
 
 
 def _launch_registers(backend, launch: RegisterLaunch, arrays: tuple) -> None:
@@ -1597,9 +1599,9 @@ def dx_forward_batches(problem: Problem, shared_limit: int, max_slots: int,
         Batch entries of each run, summing to ``B``; empty when the backward
         computes ``dx`` in the plane kernel.
     """
-    if problem.stride != 1 or tuning.dx_forward is False:
-        return ()
     B = problem.batch
+    if problem.stride != 1 or tuning.dx_forward is False or B < 1:
+        return ()
     elements = B * problem.channels * problem.height * problem.width
     if not tuning.dx_forward and elements < DX_FORWARD_MIN_ELEMENTS:
         return ()
