@@ -21,7 +21,9 @@
 # since the archive was built simply miss the cache and compile there.
 #
 # Knobs: PTX_VENV (default .venv-ptx), JOBS (default: all cores), PLANES (the
-# plane sizes, as in device_check.sh's kernels phase).
+# plane sizes, as in device_check.sh's kernels phase). An interrupted build
+# leaves .ptxcache/K<k>/ behind and resumes from it; a finished one packs it
+# and removes it (the carried folder must stay small: 64 MiB in all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: $0 K [K ...]" >&2; exit 2; }
@@ -38,10 +40,11 @@ jobs=${JOBS:-$(nproc)}
 planes=${PLANES:-17x23 56x56 255x257 1x7 28x28 14x14 7x7}
 mkdir -p .ptxcache
 for k in "$@"; do
-  work=$(mktemp -d)
+  work=.ptxcache/K$k  # kept until packed: an interrupted build resumes where it stopped
+  mkdir -p "$work"
   echo "== K $k: compiling into $work"
   # shellcheck disable=SC2086  # planes is a list
-  env -u NUMBA_ENABLE_CUDASIM WTCONV_CUDA_CACHE="$work" PYTHONPATH="$PWD" \
+  env -u NUMBA_ENABLE_CUDASIM WTCONV_CUDA_CACHE="$PWD/$work" PYTHONPATH="$PWD" \
     "$venv/bin/python" -m wtconv_cuda.kernels.warmup --kernel-sizes "$k" --strides 1 2 \
     --jobs "$jobs" --cc 9.0 --planes $planes | tail -n 2
   grep -L "^\.version 9\.0$" "$work"/*.ptx | head -n 1 | grep -q . \
