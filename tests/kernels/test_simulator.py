@@ -67,6 +67,16 @@ def run_layer(rng, shape, levels, k, stride, storage="float32", bias=True,
     return errors
 
 
+def float32_layer(rng, shape, k, levels):
+    """A float32 stride-1 problem with bias, and random ``x``, ``dy`` and weights (drawn in
+    that order): ``(problem, x, dy, WTConvWeights, Weights)``."""
+    problem = Problem(*shape, k, levels, 1, "float32", True)
+    x = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    wts = random_weights(rng, shape[1], k, levels, dtype=np.float32)
+    return problem, x, dy, wts, Weights(*wts)
+
+
 def assert_close(errors, tol):
     bad = {name: err for name, err in errors.items() if not err < tol}
     assert not bad, f"relative errors above {tol}: {bad}"
@@ -168,11 +178,7 @@ def test_finalize_over_more_partials_than_its_unroll(rng):
     from wtconv_cuda.kernels.codegen import FINALIZE_UNROLL
     shape, levels, k = (11, 2, 5, 4), 1, 3
     assert FINALIZE_UNROLL < shape[0] < 2 * FINALIZE_UNROLL
-    problem = Problem(*shape, k, levels, 1, "float32", True)
-    x = rng.standard_normal(shape).astype(np.float32)
-    dy = rng.standard_normal(shape).astype(np.float32)
-    wts = random_weights(rng, shape[1], k, levels, dtype=np.float32)
-    weights = Weights(*wts)
+    problem, x, dy, wts, weights = float32_layer(rng, shape, k, levels)
     results = []
     for group in (1, shape[0]):  # one partial per plane; or a block per channel, fused
         tuning = Tuning(threads=16, planes_per_block=group, batch_chunk=1, registers=False)
@@ -201,10 +207,7 @@ def test_fused_finalize_matches_two_launches(rng, threads, batch_chunk, group, s
     """A block that holds all of its channels' units writes their gradients itself, bit for
     bit what the partials and wtconv_finalize give; the planner fuses exactly then."""
     shape, levels, k = (5, 3, 7, 9), 2, 3
-    problem = Problem(*shape, k, levels, 1, "float32", True)
-    x = rng.standard_normal(shape).astype(np.float32)
-    dy = rng.standard_normal(shape).astype(np.float32)
-    weights = Weights(*random_weights(rng, shape[1], k, levels, dtype=np.float32))
+    problem, x, dy, _, weights = float32_layer(rng, shape, k, levels)
     backend = SimulatorBackend(shared_limit=shared_limit, max_slots=5)
     results = {}
     for fuse in (None, False):
@@ -233,11 +236,7 @@ def test_dx_from_the_forward_kernels(rng, levels, k, shared_limit, batch_chunk):
     in one slot, one after the other: what one plane leaves there (its pyramids, the odd
     grids' zero padding read as halo) must not reach the next."""
     shape = (3, 2, 9, 7)
-    problem = Problem(*shape, k, levels, 1, "float32", True)
-    x = rng.standard_normal(shape).astype(np.float32)
-    dy = rng.standard_normal(shape).astype(np.float32)
-    wts = random_weights(rng, shape[1], k, levels, dtype=np.float32)
-    weights = Weights(*wts)
+    problem, x, dy, wts, weights = float32_layer(rng, shape, k, levels)
     results = {}
     assert not plan_plane(problem, True, shared_limit, 2).spec.weights_only
     for dx_forward in (True, False):
@@ -265,11 +264,7 @@ def test_dx_forward_in_batch_chunks(rng, shared_limit):
     own batch entries (the output is poisoned first). With no shared memory the
     forward works in global scratch, one buffer per chunk."""
     shape, levels, k = (5, 2, 9, 7), 2, 3
-    problem = Problem(*shape, k, levels, 1, "float32", True)
-    x = rng.standard_normal(shape).astype(np.float32)
-    dy = rng.standard_normal(shape).astype(np.float32)
-    wts = random_weights(rng, shape[1], k, levels, dtype=np.float32)
-    weights = Weights(*wts)
+    problem, x, dy, wts, weights = float32_layer(rng, shape, k, levels)
     results = []
     for dx_batch, runs in ((None, 1), (2, 3)):
         backend = RecordingBackend(shared_limit=shared_limit)
