@@ -1320,13 +1320,29 @@ def _unsigned_indices(source: str, arrays=("S", "G")) -> str:
     return "".join(out)
 
 
+class _SimulatedBitCasts:
+    """The libdevice bit casts the generated code uses (bfloat16 storage), for numba's
+    CUDA simulator, whose libdevice functions are stubs that return None."""
+
+    @staticmethod
+    def float_as_int(x):
+        import numpy as np
+        return np.float32(x).view(np.int32)
+
+    @staticmethod
+    def int_as_float(i):
+        import numpy as np
+        return np.int32(i).view(np.float32)
+
+
 def build(source: str, name: str):
     """Execute generated ``source`` and return the Python function ``name``.
 
     Every index of the on-chip buffers is first made unsigned (see
     ``_unsigned_indices``); under the simulator, which lacks ``syncwarp``,
     warp barriers become block barriers. The source runs in a namespace holding ``np``,
-    ``cuda``, the numba scalar types it uses and, if referenced, ``libdevice``.
+    ``cuda``, the numba scalar types it uses and, if referenced, ``libdevice`` (under
+    the simulator, NumPy versions of its two bit casts: its own are stubs).
 
     Parameters
     ----------
@@ -1347,10 +1363,10 @@ def build(source: str, name: str):
     from numba import float32, int32, int64, uint16, uint64
     namespace = dict(np=np, cuda=cuda, float32=float32, int32=int32, int64=int64, uint16=uint16,
                      uint64=uint64)
+    from .compiler import simulator_enabled
     if "libdevice." in source:
         from numba.cuda import libdevice
-        namespace["libdevice"] = libdevice
-    from .compiler import simulator_enabled
+        namespace["libdevice"] = _SimulatedBitCasts if simulator_enabled() else libdevice
     if simulator_enabled():  # the simulator has no syncwarp; a block barrier is stronger
         source = source.replace("cuda.syncwarp()", "cuda.syncthreads()")
     code = compile(_unsigned_indices(source), f"<wtconv_cuda generated {name}>", "exec")
