@@ -68,8 +68,8 @@ def bench_stage(stage, storage, backend):
         ms = time_median(step, sets, CupyEventTimer(cupy), 30, 3).median_ms
         batches = launch.dx_forward_batches(problem, backend.shared_limit, backend.max_slots,
                                             tuning)
-        held = (launch._dx_forward_floats(problem, batches, backend.shared_limit,
-                                          backend.max_slots) if batches else 0)
+        held = (launch.dx_forward_floats(problem, batches, backend.shared_limit,
+                                         backend.max_slots) if batches else 0)
         row[name] = dict(ms=ms, batches=list(batches),
                          dx_buffers_of_x=4 * held / (b * c * h * w * itemsize))
     return row

@@ -21,7 +21,7 @@ STAGES = [(64, 96, 56, 56, 5), (64, 192, 28, 28, 4), (64, 384, 14, 14, 3)]
 def _held_fraction(problem, batches):
     """float32 bytes live while dx runs, as a fraction of the bytes of x."""
     elements = problem.batch * problem.channels * problem.height * problem.width
-    held = launch._dx_forward_floats(problem, batches, LIMIT, SLOTS)
+    held = launch.dx_forward_floats(problem, batches, LIMIT, SLOTS)
     return 4 * held / (elements * ITEMSIZE[problem.storage])
 
 

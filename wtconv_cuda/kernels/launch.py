@@ -1617,14 +1617,30 @@ def dx_forward_batches(problem: Problem, shared_limit: int, max_slots: int,
             chunks *= 2
     budget = DX_FORWARD_BUFFER_FRACTION * elements * ITEMSIZE[problem.storage]
     for batches in candidates:
-        if 4 * _dx_forward_floats(problem, batches, shared_limit, max_slots) <= budget:
+        if 4 * dx_forward_floats(problem, batches, shared_limit, max_slots) <= budget:
             return batches
     return candidates[0] if tuning.dx_forward else ()
 
 
-def _dx_forward_floats(problem: Problem, batches: tuple, shared_limit: int,
-                       max_slots: int) -> int:
-    """float32 elements live at once while ``dx`` runs in ``batches`` forward chunks."""
+def dx_forward_floats(problem: Problem, batches: tuple, shared_limit: int,
+                      max_slots: int) -> int:
+    """float32 work elements held at once while ``dx`` runs in forward chunks.
+
+    Parameters
+    ----------
+    problem : Problem
+        The layer call (its backward).
+    batches : tuple of int
+        Batch entries of each forward run (see :func:`dx_forward_batches`).
+    shared_limit, max_slots : int
+        The backend's limits, as passed to :func:`plan_plane`.
+
+    Returns
+    -------
+    int
+        The flipped filters (:func:`flipped_filter_floats`) plus the largest
+        chunk's forward buffers (:func:`work_buffers`).
+    """
     per_chunk = max(sum(work_buffers(_dx_problem(problem)._replace(batch=b), False,
                                      shared_limit, max_slots)) for b in set(batches))
     return flipped_filter_floats(problem) + per_chunk
