@@ -5,7 +5,7 @@
 #
 # A fresh device machine starts with an empty kernel cache, and compiling the
 # oracle sweep's variants of one kernel size there takes most of a 10-minute
-# call (about 8 s of numba and NVVM per variant). The cache is plain PTX keyed
+# call (several seconds of numba and NVVM per variant, some 45 s). The cache is plain PTX keyed
 # by the generated source, the spec, the target and the numba and numba-cuda
 # versions (wtconv_cuda/kernels/compiler.py), so it can be built anywhere with
 # the device image's compiler versions and carried; the driver then only
@@ -13,9 +13,10 @@
 #
 # This script makes a virtual environment with the H200 image's versions
 # (numba 0.68.0, numba-cuda 0.30.4; NVVM 13.0, whose PTX ISA 9.0 the image's
-# driver 580 accepts: a newer NVVM writes PTX that driver refuses), compiles
+# CUDA 13.0 driver accepts: NVVM 13.5 writes ISA 9.5, which ptxas 13.0
+# refuses), compiles
 # the variants that `scripts/device_check.sh kernels` warms for each K given,
-# and packs them as .ptxcache/ptx-K<k>.tar.xz (about 2 MB per K). Carry
+# and packs them as .ptxcache/ptx-K<k>.tar.xz (a few MB per K). Carry
 # .ptxcache in the device call; device_check.sh unpacks every archive there
 # into $WTCONV_CUDA_CACHE before its phases. Variants whose source changed
 # since the archive was built simply miss the cache and compile there.
