@@ -8,7 +8,8 @@
 #              tests/gpu/test_gpu_kernels.py: every shape x L 0..6 x K x stride x
 #              fp32/fp16/bf16 against the float64 oracle, the kernel sizes dealt
 #              out over the GPUs (on one 16-core GPU machine: one K per call,
-#              TEST_KS=5; at 4 K its warmup alone outran a 10-minute call)
+#              TEST_KS=5; at 4 K its warmup alone outran a 10-minute call; with
+#              carried PTX, see below, the K 5 cases ran in 447 s on 14 workers)
 #   bindings   tests/gpu/test_bindings_gpu.py and test_reliability_gpu.py, plus
 #              benchmarks/binding_overhead.py (~2 min; ~5 on a cold kernel cache)
 #   ncu        DRAM bytes of one forward + backward at 64x96x56x56, L5, K5, fp32
@@ -50,7 +51,8 @@
 #   tileprofile  ncu occupancy, warp states, stall reasons and instruction counts of
 #              the tiled forward and backward at 8x128x512x512, L1 and L3 (~2 min)
 #
-# Knobs: TEST_KS (kernel sizes of the sweep, default 3,5,7,9), TEST_FILTER (a pytest
+# Knobs: TEST_KS (kernel sizes of the sweep, default 3,5,7,9), TEST_WORKERS (pytest
+# processes per GPU, default 8), TEST_TIMEOUT (seconds, default 420), TEST_FILTER (a pytest
 # -k expression narrowing the kernels sweep: "255x257 or tiled" takes the large
 # plane's cases, named like 8x64x255x257-L3-K5-s1, and the tiled kernels' tests), WARM_PLANES (plane sizes the kernels
 # phase compiles ahead, e.g. "255x257 130x67"), BENCH_ARGS (extra
@@ -110,14 +112,19 @@ run_kernels() {
     for ((j = i; j < ${#ks[@]}; j += ngpu)); do mine+=("${ks[j]}"); done
     local list; list=$(IFS=,; echo "${mine[*]}")
     echo "== oracle sweep on GPU $i (K = $list)"
+    # -v: each case's result is in the log even when the timeout cuts the run; -rfE
+    # names the failures in the summary
     CUDA_VISIBLE_DEVICES=$i WTCONV_TEST_GPU=1 WTCONV_TEST_KS=$list timeout "${TEST_TIMEOUT:-420}" \
-      python3 -m pytest -q -x -n 8 -p no:cacheprovider -p no:benchmark \
+      python3 -m pytest -v -rfE -n "${TEST_WORKERS:-8}" -p no:cacheprovider -p no:benchmark \
       ${TEST_FILTER:+-k "$TEST_FILTER"} tests/gpu/test_gpu_kernels.py >"$OUT/gpu_tests_gpu$i.log" 2>&1 &
     pids+=($!)
   done
   for i in "${!pids[@]}"; do
     wait "${pids[$i]}" || rc=1
-    tail -n 3 "$OUT/gpu_tests_gpu$i.log"
+    local log="$OUT/gpu_tests_gpu$i.log"
+    echo "GPU $i: $(grep -c ' PASSED ' "$log") passed, $(grep -c -E ' (FAILED|ERROR) ' "$log") failed"
+    grep -E '^(FAILED|ERROR) ' "$log" | head -n 20
+    tail -n 1 "$log"
   done
   return $rc
 }
