@@ -46,6 +46,12 @@ def main(argv=None):
                         help="with --steps: the configuration to run")
     parser.add_argument("--steps", type=int, default=None,
                         help="untimed: 30 warm-up steps and this many more, then exit")
+    parser.add_argument("--launch-path", action="store_true",
+                        help="run the binding's CUDA implementations (checks, planning, "
+                             "launcher, argument packing) on CPU tensors with a stand-in "
+                             "device whose kernels do nothing, instead of the stubs")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="print a cProfile of N steps of the first configuration")
     args = parser.parse_args(argv)
     if args.tree:
         sys.path.insert(0, args.tree)
@@ -64,10 +70,13 @@ def main(argv=None):
         d_bias = bs.new_empty((0,)) if bb is None else torch.empty_like(bb)
         return torch.empty(x.shape, dtype=x.dtype), grads[0], d_bias, *grads[1:]
 
-    binding._IMPLS["cpu"] = (forward_stub, backward_stub)
-    # Versions that pick the GPU branch by identity with the CUDA functions
-    # take that branch with the stand-ins too.
-    binding._forward_cuda, binding._backward_cuda = forward_stub, backward_stub
+    if args.launch_path:
+        install_stand_in_device(binding)
+    else:
+        binding._IMPLS["cpu"] = (forward_stub, backward_stub)
+        # Versions that pick the GPU branch by identity with the CUDA functions
+        # take that branch with the stand-ins too.
+        binding._forward_cuda, binding._backward_cuda = forward_stub, backward_stub
     b, c, h, w = args.shape
 
     def make_step(levels, autocast):
@@ -85,7 +94,19 @@ def main(argv=None):
         for _ in range(30 + args.steps):
             step()
         return
-    print(f"shape {tuple(args.shape)}, K 5, torch {torch.__version__}, kernels stubbed, "
+    if args.profile:
+        import cProfile
+        import pstats
+
+        step = make_step(args.levels[0], args.autocast == "bf16")
+        for _ in range(30):
+            step()
+        profile = cProfile.Profile()
+        profile.runcall(lambda: [step() for _ in range(args.profile)])
+        pstats.Stats(profile).sort_stats("tottime").print_stats(30)
+        return
+    what = "launch path on a stand-in device" if args.launch_path else "kernels stubbed"
+    print(f"shape {tuple(args.shape)}, K 5, torch {torch.__version__}, {what}, "
           f"{args.tree or 'this tree'}")
     print(f"{'levels':>6} {'autocast':>9} {'min us':>8} {'median us':>10}")
     for levels in args.levels:
@@ -101,6 +122,53 @@ def main(argv=None):
                 times.append((time.perf_counter() - start) / args.calls * 1e6)
             print(f"{levels:>6} {'bf16' if autocast else 'off':>9} {min(times):>8.1f} "
                   f"{statistics.median(times):>10.1f}")
+
+
+def install_stand_in_device(binding) -> None:
+    """Route CPU tensors through ``_forward_cuda`` / ``_backward_cuda`` with a device
+    whose kernels, streams and device switches do nothing (addresses are the CPU
+    tensors'; no kernel runs, so outputs are garbage)."""
+    from wtconv_cuda.bindings import _common
+
+    class Kernel:
+        def __call__(self, grid, block, args, shared_mem=0, stream=None):
+            pass
+
+    class Backend:
+        shared_limit, max_slots = 227 * 1024, 132 * 8
+
+        def kernel(self, spec):
+            return Kernel()
+
+    class Stream:
+        ptr = 0
+
+    class NoScope:
+        def __init__(self, index):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    import torch
+
+    device = _common.DeviceKernels(0, backend=Backend())
+    stream = Stream()
+
+    def allocate(n):
+        buffer = torch.empty(n, dtype=torch.float32)
+        return buffer, buffer.data_ptr()
+
+    def make_table(values):
+        table = torch.from_numpy(values.copy())
+        return table, table.data_ptr()
+
+    binding._launcher = lambda dev: _common.PointerLauncher(device, stream, allocate, make_table)
+    _common.DeviceScope = NoScope
+    binding._IMPLS["cpu"] = (binding._forward_cuda, binding._backward_cuda)
 
 
 if __name__ == "__main__":

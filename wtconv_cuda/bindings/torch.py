@@ -62,6 +62,7 @@ from ..weights import (
     weights_from_state_dict,
     weights_to_state_dict,
 )
+from ..kernels.launch import Problem, Weights, run_backward, run_forward
 from . import _common
 
 __all__ = ["WTConv2d", "wtconv2d", "wtconv2d_fwd", "wtconv2d_bwd"]
@@ -192,26 +193,21 @@ def _launcher(device: torch.device) -> _common.PointerLauncher:
     return _common.PointerLauncher(kernels, stream, allocate, make_table)
 
 
-def _ptr(t) -> np.uint64:
-    return np.uint64(t.data_ptr())
+def _ptr(t) -> int:
+    """Device address of ``t``'s first element (a plain int: the launcher packs it)."""
+    return t.data_ptr()
 
 
 def _problem(x, sizes, stride, has_bias):
-    from ..kernels.launch import Problem
-
     return Problem(sizes.batch, sizes.channels, sizes.height, sizes.width, sizes.kernel_size,
                    sizes.levels, stride, GPU_STORAGE[x.dtype], has_bias)
 
 
 def _kernel_weights(bw, bb, bs, ww, ws):
-    from ..kernels.launch import Weights
-
     return Weights(_ptr(bw), _ptr(bs if bb is None else bb), _ptr(bs), _ptr(ww), _ptr(ws))
 
 
 def _forward_cuda(x, bw, bb, bs, ww, ws, stride, sizes):
-    from ..kernels.launch import run_forward
-
     ho, wo = _common.out_hw(sizes.height, sizes.width, stride)
     y = torch.empty((sizes.batch, sizes.channels, ho, wo), dtype=x.dtype, device=x.device)
     if sizes.batch == 0:
@@ -226,8 +222,6 @@ def _forward_cuda(x, bw, bb, bs, ww, ws, stride, sizes):
 
 
 def _backward_cuda(dy, x, bw, bb, bs, ww, ws, stride, sizes):
-    from ..kernels.launch import run_backward
-
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     grads = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (bw, bs, ww, ws)]
     d_bias = bs.new_empty((0,)) if bb is None else torch.empty_like(bb, memory_format=torch.contiguous_format)
@@ -479,11 +473,26 @@ class _ModuleWTConv(torch.autograd.Function):
         elif sizes.levels == 1:
             levels = (d_ww, d_ws)
         else:
-            four_c = 4 * sizes.channels
-            # Views with each parameter's own strides (DDP's gradient buckets expect them;
-            # a split along dim 1 would leave dim 0's stride at L * 4C).
-            levels = (*d_ww.split(four_c), *d_ws.view(sizes.levels, 1, four_c, 1, 1).unbind())
+            levels = _level_views(d_ww, d_ws, sizes)
         return (dx, None, None, None, *grads[:-2], *levels)
+
+
+def _level_views(d_ww, d_ws, sizes):
+    """Per-level gradient views of the joined ``(L*4C, 1, K, K)`` and ``(1, L*4C, 1, 1)``
+    gradients, ``L`` kernels then ``L`` scales, each contiguous in its parameter's shape.
+
+    Contiguous strides are what DDP's gradient buckets expect (a split along the
+    scales' dim 1 would leave dim 0's stride at ``L * 4C``). One ``as_strided`` per view:
+    ``split`` and ``unbind`` cost several dispatcher calls per view.
+    """
+    four_c, k = 4 * sizes.channels, sizes.kernel_size
+    kernel, scale = four_c * k * k, four_c
+    w0, s0 = d_ww.storage_offset(), d_ws.storage_offset()
+    w_shape, w_strides = (four_c, 1, k, k), (k * k, k * k, k, 1)
+    s_shape, s_strides = (1, four_c, 1, 1), (four_c, 1, 1, 1)
+    levels = range(sizes.levels)
+    return (*(d_ww.as_strided(w_shape, w_strides, w0 + j * kernel) for j in levels),
+            *(d_ws.as_strided(s_shape, s_strides, s0 + j * scale) for j in levels))
 
 
 def _module_weights(x, sizes, has_bias, params):
