@@ -5,6 +5,7 @@ Warm-up calls compile and load the kernels first; ``ncu --launch-skip`` in
 
     python benchmarks/ncu_target.py 64 96 56 56 5 5
     python benchmarks/ncu_target.py 64 96 56 56 5 5 backward   # backward calls only
+    python benchmarks/ncu_target.py 64 96 56 56 5 5 forward    # three forwards only
     python benchmarks/ncu_target.py 64 96 56 56 5 5 plane-launches   # print, run nothing
 
 ``plane-launches`` prints how many ``wtconv_plane`` launches one backward at
@@ -39,12 +40,19 @@ def main():
     if sys.argv[7:] == ["plane-launches"]:
         print(plane_launches(b, c, h, w, levels, k))
         return
-    backward_only = sys.argv[7:] == ["backward"]
+    mode = sys.argv[7:]
+    backward_only = mode == ["backward"]
     rng = np.random.default_rng(0)
     weights = wt.init_weights(c, k, levels, dtype=np.float32, seed=0)
     weights = WTConvWeights(*(None if a is None else cupy.asarray(a) for a in weights))
     x = cupy.asarray(rng.standard_normal((b, c, h, w)).astype(np.float32))
     dy = cupy.asarray(rng.standard_normal((b, c, h, w)).astype(np.float32))
+    if mode == ["forward"]:  # two warm-up forwards, then the measured one
+        for _ in range(3):
+            wt.forward(x, weights)
+        cupy.cuda.Device().synchronize()
+        print(f"x bytes: {x.nbytes}")
+        return
     for _ in range(4 if backward_only else 2):  # warm-up, then the measured launches
         if not backward_only:
             wt.forward(x, weights)

@@ -48,6 +48,9 @@
 #   hotspots   ncu source counters of the weights-only plane backward at 56 and 28:
 #              warp samples, instructions and bank conflicts loop by loop of its
 #              SASS (benchmarks/sass_hotspots.py)              (~2 min cold)
+#   tilehotspots  the same for the split forward's tile kernel (wtconv_tile) at the
+#              ConvNeXt-T stages 56 (L5) and 28 (L4), fp32: the inference target's
+#              kernel, loop by loop                                (~2 min cold)
 #   tileprofile  ncu occupancy, warp states, stall reasons and instruction counts of
 #              the tiled forward and backward at 8x128x512x512, L1 and L3 (~2 min)
 #
@@ -217,28 +220,50 @@ run_bwdprofile() {
     && rm -f "$OUT"/bwdprofile_*.csv "$OUT"/bwdprofile_*.err
 }
 
+# hotspot_run TAG KERNEL_REGEX SKIP MODE B C H W L K: ncu source counters of one launch of
+# KERNEL_REGEX (after SKIP earlier ones) in benchmarks/ncu_target.py's MODE run, and the
+# loop-by-loop summary of its SASS, appended to $OUT/hotspots_summary.txt.
+hotspot_run() {
+  local tag=$1 kernel=$2 skip=$3 mode=$4 rc=0
+  shift 4
+  ncu --clock-control none --launch-skip "$skip" --launch-count 1 \
+    --kernel-name "regex:$kernel" --section SpeedOfLight --section LaunchStats \
+    --section Occupancy \
+    --section WarpStateStats --section InstructionStats --section SourceCounters \
+    -o "$OUT/hotspots_$tag" python3 benchmarks/ncu_target.py "$@" "$mode" \
+    >"$OUT/hotspots_$tag.log" 2>&1 || rc=1
+  ncu -i "$OUT/hotspots_$tag.ncu-rep" --page details >"$OUT/hotspots_$tag.txt" 2>&1
+  ncu -i "$OUT/hotspots_$tag.ncu-rep" --page source --csv --print-source sass \
+    | gzip >"$OUT/hotspots_${tag}_sass.csv.gz"
+  rm -f "$OUT/hotspots_$tag.ncu-rep"
+  { echo "-- $tag"; grep -E "Duration|Registers Per|Achieved Occupancy" "$OUT/hotspots_$tag.txt"
+    python3 benchmarks/sass_hotspots.py "$OUT/hotspots_${tag}_sass.csv.gz" --top 14; } \
+    2>&1 | tee -a "$OUT/hotspots_summary.txt" || rc=1
+  return $rc
+}
+
 run_hotspots() {
   echo "== warp samples by loop of the weights-only plane backward (ncu source counters)"
-  local shape tag n rc=0
+  local shape n rc=0
   : >"$OUT/hotspots_summary.txt"
   for shape in "64 96 56 56 5 5" "64 192 28 28 4 5"; do
-    tag=${shape// /x}
     # shellcheck disable=SC2086  # a shape is a list of arguments
     n=$(python3 benchmarks/ncu_target.py $shape plane-launches) || { rc=1; continue; }
+    # the weights-only kernel is the last wtconv_plane launch of the fourth backward
     # shellcheck disable=SC2086
-    ncu --clock-control none --launch-skip $((4 * n - 1)) --launch-count 1 \
-      --kernel-name regex:wtconv_plane --section SpeedOfLight --section LaunchStats \
-      --section Occupancy \
-      --section WarpStateStats --section InstructionStats --section SourceCounters \
-      -o "$OUT/hotspots_$tag" python3 benchmarks/ncu_target.py $shape backward \
-      >"$OUT/hotspots_$tag.log" 2>&1 || rc=1
-    ncu -i "$OUT/hotspots_$tag.ncu-rep" --page details >"$OUT/hotspots_$tag.txt" 2>&1
-    ncu -i "$OUT/hotspots_$tag.ncu-rep" --page source --csv --print-source sass \
-      | gzip >"$OUT/hotspots_${tag}_sass.csv.gz"
-    rm -f "$OUT/hotspots_$tag.ncu-rep"
-    { echo "-- $tag"; grep -E "Duration|Registers Per|Achieved Occupancy" "$OUT/hotspots_$tag.txt"
-      python3 benchmarks/sass_hotspots.py "$OUT/hotspots_${tag}_sass.csv.gz" --top 14; } \
-      2>&1 | tee -a "$OUT/hotspots_summary.txt" || rc=1
+    hotspot_run "${shape// /x}" wtconv_plane $((4 * n - 1)) backward $shape || rc=1
+  done
+  return $rc
+}
+
+run_tilehotspots() {
+  echo "== warp samples by loop of the split forward's tile kernel (ncu source counters)"
+  local shape rc=0
+  : >"$OUT/hotspots_summary.txt"
+  for shape in "64 96 56 56 5 5" "64 192 28 28 4 5"; do
+    # ncu_target.py's forward mode runs three forwards; the third one's tiles are measured
+    # shellcheck disable=SC2086  # a shape is a list of arguments
+    hotspot_run "tile_${shape// /x}" wtconv_tile 2 forward $shape || rc=1
   done
   return $rc
 }
@@ -454,7 +479,7 @@ print(*sorted({f"{h}x{w}:{lv}" for _, _, h, w, lv, _ in CONFIGS}))')
 
 for phase in "${phases[@]}"; do
   case "$phase" in
-    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|torchstep|stepprofile|tiles|tileprofile|split|registers|ab|bwdprofile|hotspots)
+    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|torchstep|stepprofile|tiles|tileprofile|split|registers|ab|bwdprofile|hotspots|tilehotspots)
       "run_$phase" || status=1 ;;
     *) echo "unknown phase: $phase"; status=2 ;;
   esac
