@@ -578,3 +578,28 @@ def test_autocast_under_compile():
         compiled = torch.compile(net, fullgraph=True, backend="aot_eager")(x)
     assert compiled.dtype == torch.bfloat16
     torch.testing.assert_close(compiled, eager)
+
+
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_level_views_are_the_levels_in_the_parameters_shapes(contiguous):
+    """The per-level gradient views: the same values as a split, contiguous strides."""
+    from wtconv_cuda.bindings import _common
+    from wtconv_cuda.bindings import torch as wttorch
+
+    c, k, levels = 3, 5, 3
+    sizes = _common.LayerSizes(2, c, 9, 9, k, levels)
+    torch.manual_seed(0)
+    if contiguous:
+        d_ww = torch.randn(levels * 4 * c, 1, k, k)
+        d_ws = torch.randn(1, levels * 4 * c, 1, 1)
+    else:  # same shapes, permuted strides
+        d_ww = torch.randn(k, k, 1, levels * 4 * c).permute(3, 2, 0, 1)
+        d_ws = torch.randn(1, 2 * levels * 4 * c, 1, 1)[:, ::2]
+        assert not d_ww.is_contiguous() and not d_ws.is_contiguous()
+    views = wttorch._level_views(d_ww, d_ws, sizes)
+    expected = (*d_ww.split(4 * c), *d_ws.split(4 * c, dim=1))
+    assert len(views) == 2 * levels
+    for view, want in zip(views, expected):
+        assert view.shape == want.shape
+        assert view.stride() == torch.empty(want.shape).stride()
+        assert torch.equal(view, want)

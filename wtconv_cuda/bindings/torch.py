@@ -487,6 +487,7 @@ def _level_views(d_ww, d_ws, sizes):
     """
     four_c, k = 4 * sizes.channels, sizes.kernel_size
     kernel, scale = four_c * k * k, four_c
+    d_ww, d_ws = d_ww.contiguous(), d_ws.contiguous()  # no-ops for the kernels' outputs
     w0, s0 = d_ww.storage_offset(), d_ws.storage_offset()
     w_shape, w_strides = (four_c, 1, k, k), (k * k, k * k, k, 1)
     s_shape, s_strides = (1, four_c, 1, 1), (four_c, 1, 1, 1)
