@@ -24,21 +24,14 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import time
 
 import numpy as np
+from binding_overhead import measure  # a sibling script: benchmarks/ is on sys.path
 
 
 def per_call_us(fn, sync, calls: int, warmup: int = 30) -> float:
     """Microseconds per call of ``fn`` back to back, to the final synchronisation."""
-    for _ in range(warmup):
-        fn()
-    sync()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    sync()
-    return (time.perf_counter() - start) / calls * 1e6
+    return measure(fn, sync, calls, warmup)["wall_us"]
 
 
 def main(argv=None):
