@@ -57,7 +57,9 @@
 # Knobs: TEST_KS (kernel sizes of the sweep, default 3,5,7,9), TEST_WORKERS (pytest
 # processes per GPU, default 8), TEST_TIMEOUT (seconds, default 420), TEST_FILTER (a pytest
 # -k expression narrowing the kernels sweep: "255x257 or tiled" takes the large
-# plane's cases, named like 8x64x255x257-L3-K5-s1, and the tiled kernels' tests), WARM_PLANES (plane sizes the kernels
+# plane's cases, named like 8x64x255x257-L3-K5-s1, and the tiled kernels' tests), TEST_IDS (a
+# file of case ids, e.g. from scripts/sweep_left.py: the cases a cut sweep did not reach; their
+# kernel sizes must be in TEST_KS, and they all run on GPU 0), WARM_PLANES (plane sizes the kernels
 # phase compiles ahead, e.g. "255x257 130x67"), BENCH_ARGS (extra
 # options of the bench, e.g. "--shapes convnext"), TILE_ARGS (options of
 # tile_bench.py), REPORT=1 (load
@@ -97,19 +99,27 @@ phases=("$@")
 } 2>&1 | tee "$OUT/env.log"
 
 run_kernels() {
-  echo "== compile kernel variants (K = $TEST_KS)"
   local report=() jobs
-  jobs=$(nproc); [ "$jobs" -gt 32 ] && jobs=32
-  [ "${REPORT:-0}" = 1 ] && report=(--report "$OUT/kernels.json")
-  # shellcheck disable=SC2086  # WARM_PLANES is a list of plane sizes
-  python3 -m wtconv_cuda.kernels.warmup --kernel-sizes ${TEST_KS//,/ } --strides 1 2 --jobs "$jobs" \
-    --planes ${WARM_PLANES:-17x23 56x56 255x257 1x7 28x28 14x14 7x7} "${report[@]}" 2>&1 \
-    | tee "$OUT/warmup.log" | tail -n 5
+  if [ -z "${TEST_IDS:-}" ]; then  # a few listed cases compile their own variants
+    echo "== compile kernel variants (K = $TEST_KS)"
+    jobs=$(nproc); [ "$jobs" -gt 32 ] && jobs=32
+    [ "${REPORT:-0}" = 1 ] && report=(--report "$OUT/kernels.json")
+    # shellcheck disable=SC2086  # WARM_PLANES is a list of plane sizes
+    python3 -m wtconv_cuda.kernels.warmup --kernel-sizes ${TEST_KS//,/ } --strides 1 2 \
+      --jobs "$jobs" --planes ${WARM_PLANES:-17x23 56x56 255x257 1x7 28x28 14x14 7x7} \
+      "${report[@]}" 2>&1 | tee "$OUT/warmup.log" | tail -n 5
+  fi
   # One pytest process per GPU, the kernel sizes dealt out round robin.
   local ngpu ks i pids=() rc=0
   ngpu=$(nvidia-smi -L | grep -c '^GPU')
   [ "$ngpu" -ge 1 ] || ngpu=1
   IFS=, read -ra ks <<<"$TEST_KS"
+  local targets=(tests/gpu/test_gpu_kernels.py)
+  if [ -n "${TEST_IDS:-}" ]; then  # the listed cases only, all on GPU 0
+    mapfile -t targets < <(sed 's|^|tests/gpu/test_gpu_kernels.py::|' "$TEST_IDS")
+    ks=("$TEST_KS")
+    ngpu=1
+  fi
   for ((i = 0; i < ngpu && i < ${#ks[@]}; i++)); do
     local mine=() j
     for ((j = i; j < ${#ks[@]}; j += ngpu)); do mine+=("${ks[j]}"); done
@@ -119,7 +129,7 @@ run_kernels() {
     # names the failures in the summary
     CUDA_VISIBLE_DEVICES=$i WTCONV_TEST_GPU=1 WTCONV_TEST_KS=$list timeout "${TEST_TIMEOUT:-420}" \
       python3 -m pytest -v -rfE -n "${TEST_WORKERS:-8}" -p no:cacheprovider -p no:benchmark \
-      ${TEST_FILTER:+-k "$TEST_FILTER"} tests/gpu/test_gpu_kernels.py >"$OUT/gpu_tests_gpu$i.log" 2>&1 &
+      ${TEST_FILTER:+-k "$TEST_FILTER"} "${targets[@]}" >"$OUT/gpu_tests_gpu$i.log" 2>&1 &
     pids+=($!)
   done
   for i in "${!pids[@]}"; do
