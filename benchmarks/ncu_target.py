@@ -25,14 +25,25 @@ from wtconv_cuda.weights import WTConvWeights
 
 
 def plane_launches(b, c, h, w, levels, k) -> int:
-    """``wtconv_plane`` launches of one fp32 backward at this shape, as planned here."""
+    """``wtconv_plane`` launches of one fp32 backward at this shape, as planned here.
+
+    A backward that computes ``dx`` with the forward kernels runs them once per
+    batch chunk (``dx_forward_batches``); ``planned_specs`` lists the specs of
+    each chunk size once, so the chunks are counted here.
+    """
     from wtconv_cuda.kernels.codegen import PlaneSpec
-    from wtconv_cuda.kernels.launch import CupyBackend, Problem, planned_specs
+    from wtconv_cuda.kernels.launch import (CupyBackend, Problem, dx_forward_batches,
+                                            planned_specs)
 
     backend = CupyBackend()
+    limits = (backend.shared_limit, backend.max_slots)
     problem = Problem(b, c, h, w, k, levels, 1, "float32", True)
-    specs = planned_specs(problem, True, backend.shared_limit, backend.max_slots)
-    return sum(isinstance(spec, PlaneSpec) for spec in specs)
+    backward = sum(isinstance(spec, PlaneSpec) and spec.backward
+                   for spec in planned_specs(problem, True, *limits))
+    forward = sum(isinstance(spec, PlaneSpec)
+                  for chunk in dx_forward_batches(problem, *limits)
+                  for spec in planned_specs(problem._replace(batch=chunk), False, *limits))
+    return backward + forward
 
 
 def main():

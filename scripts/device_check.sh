@@ -45,7 +45,7 @@
 #   bwdprofile the plane backward at the ConvNeXt-T stages 56, 28, 14: its time with
 #              phases cut out (benchmarks/backward_breakdown.py), then ncu
 #              instruction counts, lane use, occupancy and stalls     (~5 min cold)
-#   hotspots   ncu source counters of the weights-only plane backward at 56 and 28:
+#   hotspots   ncu source counters of the weights-only plane backward at 56, 28 and 14:
 #              warp samples, instructions and bank conflicts loop by loop of its
 #              SASS (benchmarks/sass_hotspots.py)              (~2 min cold)
 #   tilehotspots  the same for the split forward's tile kernel (wtconv_tile) at the
@@ -256,7 +256,7 @@ run_hotspots() {
   echo "== warp samples by loop of the weights-only plane backward (ncu source counters)"
   local shape n rc=0
   : >"$OUT/hotspots_summary.txt"
-  for shape in "64 96 56 56 5 5" "64 192 28 28 4 5"; do
+  for shape in "64 96 56 56 5 5" "64 192 28 28 4 5" "64 384 14 14 3 5"; do
     # shellcheck disable=SC2086  # a shape is a list of arguments
     n=$(python3 benchmarks/ncu_target.py $shape plane-launches) || { rc=1; continue; }
     # the weights-only kernel is the last wtconv_plane launch of the fourth backward
