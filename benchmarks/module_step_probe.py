@@ -17,6 +17,10 @@ Variants (microseconds per step, back to back, one synchronisation at the end):
 * ``depthwise 7x7 step``: the reference the target compares against.
 
     python benchmarks/module_step_probe.py --calls 300 --trace step_trace.json.gz
+    python benchmarks/module_step_probe.py --tree ab_base --profiled-steps 0   # another checkout
+
+For a before/after on one host, alternate ``--tree`` runs of the base checkout
+(e.g. ``git archive REV | tar -x -C ab_base``) with runs of this one.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import sys
 
 import numpy as np
 from binding_overhead import measure  # a sibling script: benchmarks/ is on sys.path
@@ -39,10 +44,13 @@ def main(argv=None):
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of the table")
     parser.add_argument("--levels", type=int, default=3)
-    parser.add_argument("--profiled-steps", type=int, default=50)
+    parser.add_argument("--profiled-steps", type=int, default=50, help="0: no profile")
+    parser.add_argument("--tree", default=None, help="checkout whose wtconv_cuda to import")
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--trace", default=None, help="write a gzipped Chrome trace here")
     args = parser.parse_args(argv)
+    if args.tree:
+        sys.path.insert(0, args.tree)
 
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -106,12 +114,17 @@ def main(argv=None):
     for _ in range(args.rounds):
         for name, fn in variants.items():
             table[name].append(per_call_us(fn, sync, args.calls))
+    import wtconv_cuda
+
     print(f"(1, 8, 16, 16), L {args.levels}, K 5, fp32, {torch.cuda.get_device_name(dev)}, "
-          f"torch {torch.__version__}; us per call, {args.rounds} rounds of {args.calls}")
+          f"torch {torch.__version__}; us per call, {args.rounds} rounds of {args.calls}; "
+          f"wtconv_cuda from {wtconv_cuda.__file__}")
     for name, values in table.items():
         print(f"  {name:34s} median {np.median(values):8.1f}   rounds "
               + " ".join(f"{v:7.1f}" for v in values))
 
+    if args.profiled_steps < 1:
+        return
     for _ in range(20):
         step()
     sync()
