@@ -128,35 +128,21 @@ def install_stand_in_device(binding) -> None:
     """Route CPU tensors through ``_forward_cuda`` / ``_backward_cuda`` with a device
     whose kernels, streams and device switches do nothing (addresses are the CPU
     tensors'; no kernel runs, so outputs are garbage)."""
-    from wtconv_cuda.bindings import _common
-
-    class Kernel:
-        def __call__(self, grid, block, args, shared_mem=0, stream=None):
-            pass
-
-    class Backend:
-        shared_limit, max_slots = 227 * 1024, 132 * 8
-
-        def kernel(self, spec):
-            return Kernel()
-
-    class Stream:
-        ptr = 0
-
-    class NoScope:
-        def __init__(self, index):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
+    import contextlib
+    import types
 
     import torch
 
+    from wtconv_cuda.bindings import _common
+
+    class Backend:  # an H200's limits (CupyBackend: 227 KiB less 1 KiB, 2 slots per SM)
+        shared_limit, max_slots = 226 * 1024, 2 * 132
+
+        def kernel(self, spec):
+            return lambda grid, block, args, shared_mem=0, stream=None: None
+
     device = _common.DeviceKernels(0, backend=Backend())
-    stream = Stream()
+    stream = types.SimpleNamespace(ptr=0)
 
     def allocate(n):
         buffer = torch.empty(n, dtype=torch.float32)
@@ -167,7 +153,7 @@ def install_stand_in_device(binding) -> None:
         return table, table.data_ptr()
 
     binding._launcher = lambda dev: _common.PointerLauncher(device, stream, allocate, make_table)
-    _common.DeviceScope = NoScope
+    _common.DeviceScope = lambda index: contextlib.nullcontext()
     binding._IMPLS["cpu"] = (binding._forward_cuda, binding._backward_cuda)
 
 
