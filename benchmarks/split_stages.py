@@ -1,0 +1,164 @@
+"""Kernel time of a split forward, stage by stage, and of its coarse problem under other tunings.
+
+A split forward (:func:`wtconv_cuda.kernels.launch.plan_split`) is three or
+more launches: ``wtconv_coarse_in`` pools ``x`` into the LL band of level
+``c``, the coarse problem (levels above ``c`` on that band, zero base
+branch) runs on its own plan, then the tiles run ``c`` levels and add the
+coarse output. This script times, with CUDA events (median of 30, three
+rotating inputs), the whole ``run_forward``, each stage alone, and the
+coarse problem under every ``--coarse-tunings`` entry (``Tuning`` fields as
+``name=value`` pairs separated by commas; ``default`` is the planner's
+choice), so that a change to one stage, or a better plan for the coarse
+problem, shows against the whole. The coarse inputs are random float32
+planes and parameters with a zero base weight, as the split passes them.
+
+    python benchmarks/split_stages.py
+    python benchmarks/split_stages.py --configs 64x96x56x56:5 \\
+        --coarse-tunings default threads=8 max_registers=96 split=1 registers=true
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+import cupy
+
+from wtconv_cuda._bench.core import CupyEventTimer, time_median
+from wtconv_cuda.kernels.compiler import distinct, parse_compute_capability
+from wtconv_cuda.kernels.launch import (
+    CupyBackend, Problem, Tuning, Weights, _int64s, _run_coarse_in, plan_split, planned_specs,
+    run_forward,
+)
+from wtconv_cuda.kernels.warmup import compile_all
+
+CONFIGS = ["64x96x56x56:5", "64x192x28x28:4"]
+
+
+def parse_config(text: str, k: int, storage: str) -> Problem:
+    """``BxCxHxW:L`` -> a stride-1 :class:`Problem` with a bias."""
+    dims, levels = text.split(":")
+    b, c, h, w = (int(v) for v in dims.split("x"))
+    return Problem(b, c, h, w, k, int(levels), 1, storage, True)
+
+
+def parse_tuning(text: str) -> Tuning:
+    """``default`` or ``name=value,...`` (ints, ``true``/``false``) -> :class:`Tuning`."""
+    if text == "default":
+        return Tuning()
+    fields = {}
+    for pair in text.split(","):
+        name, value = pair.split("=")
+        fields[name] = {"true": True, "false": False}.get(value.lower(), None)
+        if fields[name] is None:
+            fields[name] = int(value)
+    return Tuning(**fields)
+
+
+def random_weights(rng, channels: int, k: int, levels: int, zero_base: bool) -> Weights:
+    """float32 parameters; ``zero_base`` zeroes the base weight, bias and scale (coarse)."""
+    def normal(*shape):
+        return cupy.asarray(rng.standard_normal(shape, dtype=np.float32))
+    base = cupy.zeros((channels, k, k), cupy.float32) if zero_base else normal(channels, k, k)
+    scale = cupy.zeros(channels, cupy.float32) if zero_base else normal(channels)
+    return Weights(base, scale.copy(), scale, normal(levels, channels, 4, k, k),
+                   normal(levels, channels, 4))
+
+
+def median_ms(fn, rotations: int = 3) -> float:
+    """Median ms of ``fn(i)`` over 30 runs, ``i`` rotating over the inputs."""
+    timing = time_median(fn, [(i,) for i in range(rotations)], CupyEventTimer(cupy), 30, 3)
+    return timing.median_ms
+
+
+def precompile(backend, problem: Problem, coarse_tunings: list) -> None:
+    """Compile every variant the timings will launch, on all cores, before timing."""
+    split = plan_split(problem, backend.shared_limit)
+    if split is None:
+        raise SystemExit(f"{problem} does not split")
+    specs = planned_specs(problem, False, backend.shared_limit, backend.max_slots)
+    for text in coarse_tunings:
+        specs += planned_specs(split.coarse, False, backend.shared_limit, backend.max_slots,
+                               parse_tuning(text))
+    cc = parse_compute_capability(cupy.cuda.Device().compute_capability)
+    compile_all(distinct(specs), cc, 16)
+
+
+def stage_times(problem: Problem, coarse_tunings: list, rng) -> dict:
+    """Times of the whole forward, its stages and the coarse problem's tunings (ms)."""
+    backend = CupyBackend()
+    precompile(backend, problem, coarse_tunings)
+    split = plan_split(problem, backend.shared_limit)
+    b, c, h, w = problem[:4]
+    dtype = {"float32": np.float32, "float16": np.float16}[problem.storage]
+    xs = [cupy.asarray(rng.standard_normal((b, c, h, w), dtype=np.float32).astype(dtype))
+          for _ in range(3)]
+    y = cupy.empty_like(xs[0])
+    weights = Weights(*(a.astype(dtype) for a in random_weights(rng, c, problem.kernel_size,
+                                                                problem.levels, False)))
+    result = {"problem": list(problem), "split": split.split,
+              "specs": [repr(s) for s in planned_specs(problem, False, backend.shared_limit,
+                                                       backend.max_slots)]}
+    result["whole_ms"] = median_ms(lambda i: run_forward(backend, problem, xs[i], y, weights))
+
+    def coarse_in(i):
+        pool, keep = _run_coarse_in(backend, problem, split, (xs[i],), weights)
+        backend.release(pool)
+        backend.release(keep)
+    result["coarse_in_ms"] = median_ms(coarse_in)
+
+    q = split.coarse
+    pooled = [cupy.asarray(rng.standard_normal((q.batch, q.channels, q.height, q.width),
+                                               dtype=np.float32)) for _ in range(3)]
+    out = cupy.empty_like(pooled[0])
+    qweights = random_weights(rng, q.channels, q.kernel_size, q.levels, True)
+    result["coarse"] = {}
+    for text in coarse_tunings:
+        tuning = parse_tuning(text)
+        specs = planned_specs(q, False, backend.shared_limit, backend.max_slots, tuning)
+        ms = median_ms(lambda i: run_forward(backend, q, pooled[i], out, qweights, tuning))
+        result["coarse"][text] = {"ms": ms, "specs": [repr(s) for s in specs]}
+        print(f"  coarse {text:32s} {ms * 1e3:8.1f} us  {specs[-1]}", flush=True)
+
+    tiled = split.tiles
+    scalars = _int64s(h, w, c, 1, tiled.tiles_x, tiled.ntiles)
+    coarse_scalars = _int64s(q.height, q.width)
+    kernel = backend.kernel(tiled.spec)
+    result["tiles_ms"] = median_ms(lambda i: backend.call(
+        kernel, tiled.grid, tiled.block,
+        (xs[i], y, *weights, *scalars, pooled[i], *coarse_scalars), tiled.shared_bytes))
+    attrs = kernel.attributes
+    result["tiles_regs"] = attrs["num_regs"]
+    result["tiles_local_bytes"] = attrs["local_size_bytes"]
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", nargs="+", default=CONFIGS, metavar="BxCxHxW:L")
+    parser.add_argument("--coarse-tunings", nargs="+", default=["default"])
+    parser.add_argument("--k", type=int, default=5)
+    parser.add_argument("--storage", default="float32", choices=["float32", "float16"])
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    results = []
+    for text in args.configs:
+        problem = parse_config(text, args.k, args.storage)
+        print(f"{text} K{args.k} {args.storage}", flush=True)
+        r = stage_times(problem, args.coarse_tunings, rng)
+        default = r["coarse"].get("default", {}).get("ms", float("nan"))
+        print(f"  whole {r['whole_ms'] * 1e3:.1f} us = coarse_in {r['coarse_in_ms'] * 1e3:.1f}"
+              f" + coarse {default * 1e3:.1f} + tiles {r['tiles_ms'] * 1e3:.1f}"
+              f" (tiles: {r['tiles_regs']} registers, {r['tiles_local_bytes']} B local)",
+              flush=True)
+        results.append(r)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(results, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()
