@@ -29,12 +29,15 @@ simulator = pytest.mark.skipif(os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
 
 
 #: (shape, levels, k, split, tile, threads, strip, storage, bias): odd planes with
-#: partial edge tiles, splits at 1 and 2, K 3 and 5, float16, no bias.
+#: partial edge tiles, splits at 1 and 2, K 3 and 5, float16, no bias, one or two
+#: coarse values per thread.
 SPLIT_CASES = [
     ((1, 2, 21, 19), 3, 3, 1, 8, 32, 2, "float32", True),
     ((1, 1, 20, 18), 4, 3, 2, 8, 32, 2, "float16", False),
     ((2, 1, 17, 12), 3, 5, 2, 8, 32, 4, "float32", True),
     ((1, 2, 12, 11), 3, 3, 2, 12, 32, 2, "float32", True),  # one tile fitted to the plane
+    # 36 top-level coefficients per tile on 32 threads: two coarse values per thread
+    ((1, 1, 23, 21), 3, 3, 1, 12, 32, 2, "float32", True),
 ]
 
 

@@ -417,19 +417,22 @@ def tile_kernel_source(spec: TileSpec) -> str:
           f"ox = (tile - trow * tiles_x) * {TS}",
           "c = plane - (plane // C) * C")
         _emit_fold_weights(e, spec)
+        if spec.coarse:
+            _emit_coarse_loads(e, spec)
         _emit_tile_load(e, spec, geo, source, geo.grids)
+        if spec.coarse:
+            _emit_coarse_stores(e, spec, geo)
         e("cuda.syncthreads()")
         for j in range(1, L + 1):
             if j < L:
                 _emit_ll_band(e, spec, geo, geo.grids, j)
             Qj = analysis_plan(K, TS >> j, NT, spec.analysis_strip)
+            # the top level's LL subband adds the coarse output parked in its place
+            add_coarse = spec.coarse and j == L
             if Qj:
-                _emit_tile_strips(e, spec, geo, j, Qj)
+                _emit_tile_strips(e, spec, geo, j, Qj, add_coarse)
             else:
-                _emit_tile_singles(e, spec, geo, j)
-            e("cuda.syncthreads()")
-        if spec.coarse:
-            _emit_coarse_add(e, spec, geo)
+                _emit_tile_singles(e, spec, geo, j, add_coarse)
             e("cuda.syncthreads()")
         for j in range(L, 1, -1):
             _emit_tile_synthesis(e, spec, geo, j)
@@ -518,13 +521,16 @@ def _level_layout(spec: TileSpec, geo: TileGeometry, j: int) -> tuple:
             geo.z[j - 1], K * K + (j - 1) * 4 * K * K)
 
 
-def _emit_tile_strips(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int, Q: int) -> None:
+def _emit_tile_strips(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int, Q: int,
+                      add_coarse: bool = False) -> None:
     """Level ``j``'s four convolved subbands, ``Q`` coefficient rows of one column per item.
 
     As the plane kernel's strip items: for each tap column the ``Q + K - 1``
     Haar blocks of that column are formed once and feed every (row, tap row)
     pair they belong to. Grid ``j - 1``'s phase row of coefficient row ``q`` is
     ``q + H_{j-1} / 2``; the taps reach ``P`` rows and columns either side.
+    With ``add_coarse`` the LL subband's sums are added to the values parked
+    in its place (:func:`_emit_coarse_stores`).
     """
     K, NT, K2 = spec.kernel_size, spec.threads, spec.kernel_size ** 2
     n, off, src, ph, pitch, zo, wb = _level_layout(spec, geo, j)
@@ -549,12 +555,19 @@ def _emit_tile_strips(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int, Q:
                             e(f"acc{k}_{i} += w{k}_{dy} * u{k}_")
         for i in range(Q):
             e(f"zq = {zo} + (qy0 + {i}) * {n} + qx")
-            for k in range(4):
+            if add_coarse:
+                e(f"S[zq] = acc0_{i} + S[zq]")
+            for k in range(1 if add_coarse else 0, 4):
                 e(f"S[zq + {k * n * n}] = acc{k}_{i}")
 
 
-def _emit_tile_singles(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int) -> None:
-    """Level ``j``'s subbands, one (subband, coefficient) per item: for coarse levels."""
+def _emit_tile_singles(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int,
+                       add_coarse: bool = False) -> None:
+    """Level ``j``'s subbands, one (subband, coefficient) per item: for coarse levels.
+
+    With ``add_coarse`` the LL subband's sums are added to the values parked in
+    its place (:func:`_emit_coarse_stores`).
+    """
     K, NT, K2 = spec.kernel_size, spec.threads, spec.kernel_size ** 2
     n, off, src, ph, pitch, zo, wb = _level_layout(spec, geo, j)
     band = f"(S[p] + s1 * S[p + {ph}]) + s2 * (S[p + {2 * ph}] + s1 * S[p + {3 * ph}])"
@@ -571,27 +584,58 @@ def _emit_tile_singles(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int) -
         with e.indent():
             for dy in range(K):
                 e(f"p = base + {dy * pitch} + dx", f"acc += S[wk + {dy * K} + dx] * ({band})")
+        if add_coarse:
+            e("if k == 0:", f"    acc += S[{zo} + q]")
         e(f"S[{zo} + k * {n * n} + q] = acc")
 
 
-def _emit_coarse_add(e: _Emitter, spec: TileSpec, geo: TileGeometry) -> None:
-    """Add the coarse pass's output to the top level's convolved LL subband.
+def _coarse_rounds(spec: TileSpec) -> int:
+    """Coarse values per thread: the top level's ``(TS / 2**L)**2`` coefficients over the
+    block's threads."""
+    n = spec.tile >> spec.levels
+    return -(-(n * n) // spec.threads)
+
+
+def _emit_coarse_loads(e: _Emitter, spec: TileSpec) -> None:
+    """Issue the loads of the coarse pass's output at the top level's tile coefficients.
 
     Level ``L``'s coefficient ``(qy, qx)`` of the tile is ``(oy >> L) + qy,
-    (ox >> L) + qx`` of the coarse planes; those outside the ``Hc x Wc``
-    grid only feed pixels outside the image and are left as they are.
+    (ox >> L) + qx`` of the coarse planes. Thread ``tid`` takes coefficients
+    ``tid + r * threads``; the values wait in registers (``cv{r}``) while the
+    tile of ``x`` loads, so their latency hides behind it. A coefficient
+    outside the ``Hc x Wc`` grid (it only feeds pixels outside the image)
+    gets ``-0.0``, which leaves any sum it is added to unchanged.
     """
     L, NT = spec.levels, spec.threads
     if L < 1:
         raise ValueError("a coarse pre-pass needs at least one fine level")
     n = spec.tile >> L
-    e(f"# the coarse levels' synthesis, into level {L}'s LL subband",
+    e(f"# the coarse levels' synthesis at level {L}'s coefficients, loaded early",
       "cbase = plane * Hc * Wc", f"cy0 = oy >> {L}", f"cx0 = ox >> {L}",
-      f"for it in range(tid, {n * n}, {NT}):")
-    with e.indent():
-        e(f"qy = it // {n}", f"qx = it - qy * {n}", "gy = cy0 + qy", "gx = cx0 + qx",
-          "if gy < Hc and gx < Wc:",
-          f"    S[{geo.z[L - 1]} + it] += coarse[cbase + gy * Wc + gx]")
+      "fneg0 = float32(-0.0)")
+    for r in range(_coarse_rounds(spec)):
+        e(f"ci = tid + {r * NT}", f"cqy = ci // {n}", "cgy = cy0 + cqy",
+          f"cgx = cx0 + ci - cqy * {n}")
+        inside = "cgy < Hc and cgx < Wc"
+        if (r + 1) * NT > n * n:
+            inside = f"ci < {n * n} and {inside}"
+        e(f"cv{r} = coarse[cbase + cgy * Wc + cgx] if {inside} else fneg0")
+
+
+def _emit_coarse_stores(e: _Emitter, spec: TileSpec, geo: TileGeometry) -> None:
+    """Park the values of :func:`_emit_coarse_loads` in level ``L``'s LL subband.
+
+    The region is free until level ``L``'s analysis, which adds its sums to
+    them (``acc + coarse``, the order the separate pass used).
+    """
+    L, NT = spec.levels, spec.threads
+    n = spec.tile >> L
+    for r in range(_coarse_rounds(spec)):
+        store = f"S[{geo.z[L - 1]} + tid + {r * NT}] = cv{r}"
+        if (r + 1) * NT > n * n:
+            e(f"if tid < {n * n - r * NT}:", f"    {store}")
+        else:
+            e(store)
 
 
 def _emit_tile_synthesis(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int) -> None:
