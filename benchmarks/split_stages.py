@@ -11,6 +11,11 @@ coarse problem under every ``--coarse-tunings`` entry (``Tuning`` fields as
 choice), so that a change to one stage, or a better plan for the coarse
 problem, shows against the whole. The coarse inputs are random float32
 planes and parameters with a zero base weight, as the split passes them.
+The whole forward is timed under each ``--whole-tunings`` entry; by default
+the planner's choice and ``inner=false``, the split itself where the
+planner runs the coarse levels in the tiles' blocks instead
+(:func:`wtconv_cuda.kernels.launch.inner_tiles`). The stages are the
+split's (``inner=false``).
 
     python benchmarks/split_stages.py
     python benchmarks/split_stages.py --configs 64x96x56x56:5 \\
@@ -73,12 +78,17 @@ def median_ms(fn, rotations: int = 3) -> float:
     return timing.median_ms
 
 
-def precompile(backend, problem: Problem, coarse_tunings: list) -> None:
+#: The split without the inner levels that replace it on planes one tile covers.
+SPLIT = Tuning(inner=False)
+
+
+def precompile(backend, problem: Problem, whole_tunings: list, coarse_tunings: list) -> None:
     """Compile every variant the timings will launch, on all cores, before timing."""
-    split = plan_split(problem, backend.shared_limit)
+    split = plan_split(problem, backend.shared_limit, SPLIT)
     if split is None:
         raise SystemExit(f"{problem} does not split")
-    specs = planned_specs(problem, False, backend.shared_limit, backend.max_slots)
+    specs = [spec for text in whole_tunings for spec in planned_specs(
+        problem, False, backend.shared_limit, backend.max_slots, parse_tuning(text))]
     for text in coarse_tunings:
         specs += planned_specs(split.coarse, False, backend.shared_limit, backend.max_slots,
                                parse_tuning(text))
@@ -86,11 +96,11 @@ def precompile(backend, problem: Problem, coarse_tunings: list) -> None:
     compile_all(distinct(specs), cc, 16)
 
 
-def stage_times(problem: Problem, coarse_tunings: list, rng) -> dict:
-    """Times of the whole forward, its stages and the coarse problem's tunings (ms)."""
+def stage_times(problem: Problem, whole_tunings: list, coarse_tunings: list, rng) -> dict:
+    """Times of the whole forward, the split's stages and the coarse problem's tunings (ms)."""
     backend = CupyBackend()
-    precompile(backend, problem, coarse_tunings)
-    split = plan_split(problem, backend.shared_limit)
+    precompile(backend, problem, whole_tunings, coarse_tunings)
+    split = plan_split(problem, backend.shared_limit, SPLIT)
     b, c, h, w = problem[:4]
     dtype = {"float32": np.float32, "float16": np.float16}[problem.storage]
     xs = [cupy.asarray(rng.standard_normal((b, c, h, w), dtype=np.float32).astype(dtype))
@@ -98,10 +108,18 @@ def stage_times(problem: Problem, coarse_tunings: list, rng) -> dict:
     y = cupy.empty_like(xs[0])
     weights = Weights(*(a.astype(dtype) for a in random_weights(rng, c, problem.kernel_size,
                                                                 problem.levels, False)))
-    result = {"problem": list(problem), "split": split.split,
-              "specs": [repr(s) for s in planned_specs(problem, False, backend.shared_limit,
-                                                       backend.max_slots)]}
-    result["whole_ms"] = median_ms(lambda i: run_forward(backend, problem, xs[i], y, weights))
+    result = {"problem": list(problem), "split": split.split}
+    result["whole"] = {}
+    for text in whole_tunings:
+        tuning = parse_tuning(text)
+        specs = planned_specs(problem, False, backend.shared_limit, backend.max_slots, tuning)
+        ms = median_ms(lambda i: run_forward(backend, problem, xs[i], y, weights, tuning))
+        attrs = backend.kernel(specs[-1]).attributes
+        result["whole"][text] = {"ms": ms, "specs": [repr(s) for s in specs],
+                                 "last_regs": attrs["num_regs"],
+                                 "last_local_bytes": attrs["local_size_bytes"]}
+        print(f"  whole  {text:32s} {ms * 1e3:8.1f} us  {specs[-1]} ({attrs['num_regs']} "
+              f"registers, {attrs['local_size_bytes']} B local)", flush=True)
 
     def coarse_in(i):
         pool, keep = _run_coarse_in(backend, problem, split, (xs[i],), weights)
@@ -138,6 +156,7 @@ def stage_times(problem: Problem, coarse_tunings: list, rng) -> dict:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", nargs="+", default=CONFIGS, metavar="BxCxHxW:L")
+    parser.add_argument("--whole-tunings", nargs="+", default=["default", "inner=false"])
     parser.add_argument("--coarse-tunings", nargs="+", default=["default"])
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--storage", default="float32", choices=["float32", "float16"])
@@ -148,12 +167,11 @@ def main():
     for text in args.configs:
         problem = parse_config(text, args.k, args.storage)
         print(f"{text} K{args.k} {args.storage}", flush=True)
-        r = stage_times(problem, args.coarse_tunings, rng)
+        r = stage_times(problem, args.whole_tunings, args.coarse_tunings, rng)
         default = r["coarse"].get("default", {}).get("ms", float("nan"))
-        print(f"  whole {r['whole_ms'] * 1e3:.1f} us = coarse_in {r['coarse_in_ms'] * 1e3:.1f}"
-              f" + coarse {default * 1e3:.1f} + tiles {r['tiles_ms'] * 1e3:.1f}"
-              f" (tiles: {r['tiles_regs']} registers, {r['tiles_local_bytes']} B local)",
-              flush=True)
+        print(f"  split stages: coarse_in {r['coarse_in_ms'] * 1e3:.1f} + coarse "
+              f"{default * 1e3:.1f} + tiles {r['tiles_ms'] * 1e3:.1f} us (tiles: "
+              f"{r['tiles_regs']} registers, {r['tiles_local_bytes']} B local)", flush=True)
         results.append(r)
     if args.json:
         with open(args.json, "w") as handle:

@@ -253,13 +253,11 @@ def test_split_matches_oracle(shape, levels, k, split, tile, storage):
 
 @pytest.mark.parametrize("storage", list(DTYPES))
 @pytest.mark.parametrize("shape,levels,tile,split", [((2, 4, 257, 300), 5, 64, 2),
-                                                     ((8, 48, 56, 56), 5, 56, 2),
-                                                     ((16, 48, 50, 47), 5, 56, 2),
                                                      ((32, 48, 28, 28), 4, 32, 2),
                                                      ((64, 384, 14, 14), 3, 16, 1)])
 def test_split_is_the_default_for_deep_levels(shape, levels, tile, split, storage):
-    """The planner's own split (large planes: both passes; ConvNeXt-T stages, one tile per
-    plane: the forward)."""
+    """The planner's own split (large planes: both passes; the 28 x 28 and 14 x 14 stages,
+    one tile per plane: the forward)."""
     if 5 not in KERNEL_SIZES:
         pytest.skip("K = 5 runs in another GPU process")
     problem = Problem(*shape, 5, levels, 1, storage, True)
@@ -268,6 +266,33 @@ def test_split_is_the_default_for_deep_levels(shape, levels, tile, split, storag
     back = plan_split(problem, backend().shared_limit, backward=True)
     assert (back is not None) == (shape[2] > 64)
     run_case(shape, levels, 5, 1, storage)
+
+
+@pytest.mark.parametrize("storage", list(DTYPES))
+@pytest.mark.parametrize("shape,levels,tile,inner", [((8, 48, 56, 56), 5, 56, 3),
+                                                     ((16, 48, 50, 47), 5, 56, 3),
+                                                     ((64, 16, 40, 33), 4, 40, 2)])
+def test_inner_levels_are_the_default_where_one_tile_covers_the_plane(shape, levels, tile,
+                                                                      inner, storage):
+    """Planes of 33 to 64 pixels (the 56 x 56 ConvNeXt-T stage): one tile per plane runs
+    the levels above 2 in its block (forward and the backward's dx); against the oracle,
+    and at 56 x 56 bit for bit the split it replaces (whose coarse problem runs on the
+    plane kernel there)."""
+    if 5 not in KERNEL_SIZES:
+        pytest.skip("K = 5 runs in another GPU process")
+    problem = Problem(*shape, 5, levels, 1, storage, True)
+    plan = plan_tiles(problem, backend().shared_limit)
+    assert (plan.spec.tile, plan.spec.inner_levels, plan.ntiles) == (tile, inner, 1)
+    assert plan_split(problem, backend().shared_limit) is None
+    run_case(shape, levels, 5, 1, storage)
+    if shape[2] == 56:
+        rng = np.random.default_rng(7)
+        x_dev, _, _, wdev, _ = random_inputs(rng, shape, levels, 5, storage, True)
+        ys = []
+        for tuning in (Tuning(), Tuning(inner=False)):
+            ys.append(poisoned(shape, storage))
+            run_forward(backend(), problem, x_dev, ys[-1], wdev, tuning)
+        assert bool(cupy.array_equal(ys[0], ys[1]))
 
 
 #: The tiled backward, forced (these planes are small): dx and every
@@ -370,15 +395,18 @@ def test_dx_in_the_plane_kernel_or_the_forward(shape, levels, k, stride, tuning,
 
 @pytest.mark.parametrize("storage", ["bfloat16", "float16"])
 def test_planner_dx_forward_chunks_at_convnext_stage(storage):
-    """The planner's own choice at the 28 x 28 stage in 16-bit storage: dx from the
+    """The planner's own choice at the 14 x 14 stage in 16-bit storage: dx from the
     forward kernels in two batch chunks (their float32 work buffers, per chunk, stay
-    within the memory budget)."""
+    within the memory budget); at 28 x 28 in one (its forward runs the coarse levels in
+    the tiles' blocks: no work buffers)."""
     if 5 not in KERNEL_SIZES:
         pytest.skip("K = 5 runs in another GPU process")
     kernels = backend()
-    problem = Problem(64, 192, 28, 28, 5, 4, 1, storage, True)
+    problem = Problem(64, 384, 14, 14, 5, 3, 1, storage, True)
     assert dx_forward_batches(problem, kernels.shared_limit, kernels.max_slots) == (32, 32)
-    run_case((64, 192, 28, 28), 4, 5, 1, storage)
+    problem = Problem(64, 192, 28, 28, 5, 4, 1, storage, True)
+    assert dx_forward_batches(problem, kernels.shared_limit, kernels.max_slots) == (64,)
+    run_case((64, 384, 14, 14), 3, 5, 1, storage)
 
 
 #: Two 16-thread planes per warp (warp barriers shared by both), 16 planes per

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from wtconv_cuda import reference
+from wtconv_cuda.kernels import launch
 from wtconv_cuda.kernels.codegen import FinalizeSpec
 from wtconv_cuda.kernels.coarse import (
     CoarseOutSpec, CoarseSpec, coarse_in_source, coarse_layout, coarse_out_source,
@@ -18,12 +19,14 @@ from wtconv_cuda.kernels.launch import (
     SPLIT_FINE_LEVELS, Problem, Tuning, Weights, plan_split, plan_tiles, planned_specs,
     run_backward, run_forward, work_buffers,
 )
-from wtconv_cuda.kernels.tiles import TileSpec, tile_kernel_source
+from wtconv_cuda.kernels.tiles import TileSpec, tile_geometry, tile_kernel_source
 
 from ..conftest import random_weights
 from ._backends import RecordingBackend
 
 LIMIT = 227 * 1024 - 1024
+#: The split rules, without the forward's inner levels that replace some of them.
+SPLIT = Tuning(inner=False)
 simulator = pytest.mark.skipif(os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
                                reason="needs numba's CUDA simulator")
 
@@ -116,33 +119,36 @@ def test_planner_splits_deep_levels_on_large_planes():
 def test_planner_splits_convnext_stages_with_one_tile_per_plane():
     """Default forward on planes no larger than a tile: one tile that wastes little, a large
     enough problem; L >= 4 and c = 2 for 32 and 64 tiles, L >= 3 and c = 1 for 16 tiles (32
-    threads, strip 2); planes of 33 to 64 pixels get a tile fitted to a multiple of 8."""
-    plan = plan_split(Problem(64, 96, 56, 56, 5, 5, 1, "float32", True), LIMIT)
+    threads, strip 2); planes of 33 to 64 pixels get a tile fitted to a multiple of 8. (With a split at 2 the
+    forward runs its coarse levels in the tile's block instead, see
+    test_planner_runs_inner_levels_where_one_tile_covers_the_plane: these rules are those
+    of the split it replaces, Tuning(inner=False).)"""
+    plan = plan_split(Problem(64, 96, 56, 56, 5, 5, 1, "float32", True), LIMIT, SPLIT)
     assert plan.split == 2 and plan.tiles.spec.tile == 56 and plan.tiles.ntiles == 1
     assert plan.coarse == Problem(64, 96, 14, 14, 5, 3, 1, "float32", False)
     for (h, w), tile in [((50, 47), 56), ((40, 33), 40), ((60, 57), 64), ((64, 64), 64)]:
-        plan = plan_split(Problem(64, 96, h, w, 5, 5, 1, "float16", True), LIMIT)
+        plan = plan_split(Problem(64, 96, h, w, 5, 5, 1, "float16", True), LIMIT, SPLIT)
         assert plan.split == 2 and plan.tiles.spec.tile == tile and plan.tiles.ntiles == 1
-    plan = plan_split(Problem(64, 192, 28, 28, 5, 4, 1, "bfloat16", True), LIMIT)
+    plan = plan_split(Problem(64, 192, 28, 28, 5, 4, 1, "bfloat16", True), LIMIT, SPLIT)
     assert plan.split == 2 and plan.tiles.spec.tile == 32 and plan.tiles.ntiles == 1
     assert plan.coarse == Problem(64, 192, 7, 7, 5, 2, 1, "float32", False)
-    plan = plan_split(Problem(64, 384, 14, 14, 5, 3, 1, "float32", True), LIMIT)
+    plan = plan_split(Problem(64, 384, 14, 14, 5, 3, 1, "float32", True), LIMIT, SPLIT)
     assert plan.split == 1 and plan.tiles.ntiles == 1
     spec = plan.tiles.spec
     assert (spec.tile, spec.threads, spec.strip, spec.levels) == (16, 32, 2, 1)
     assert plan.coarse == Problem(64, 384, 7, 7, 5, 2, 1, "float32", False)
-    assert plan_split(Problem(2048, 8, 16, 16, 3, 4, 1, "float32", True), LIMIT).split == 1
+    assert plan_split(Problem(2048, 8, 16, 16, 3, 4, 1, "float32", True), LIMIT, SPLIT).split == 1
     # the 56 x 56 stage's coarse problem: too few planes for a split at 1 (it would fill
     # 48 register-kernel blocks)
-    assert plan_split(Problem(64, 96, 14, 14, 5, 3, 1, "float32", False), LIMIT) is None
+    assert plan_split(Problem(64, 96, 14, 14, 5, 3, 1, "float32", False), LIMIT, SPLIT) is None
     # not the backward: its work buffers cost more memory than its 2-19% of speed is worth
     for problem in [Problem(64, 96, 56, 56, 5, 5, 1, "float32", True),
                     Problem(64, 192, 28, 28, 5, 4, 1, "bfloat16", True)]:
-        assert plan_split(problem, LIMIT, backward=True) is None
+        assert plan_split(problem, LIMIT, SPLIT, backward=True) is None
     # K 9: a 56 tile's halo reads 2.5x its pixels, the 64 tile's 2.25x
-    plan = plan_split(Problem(64, 96, 56, 56, 9, 5, 1, "float32", True), LIMIT)
+    plan = plan_split(Problem(64, 96, 56, 56, 9, 5, 1, "float32", True), LIMIT, SPLIT)
     assert plan.split == 2 and plan.tiles.spec.tile == 64
-    plan = plan_split(Problem(64, 96, 56, 56, 7, 5, 1, "float32", True), LIMIT)
+    plan = plan_split(Problem(64, 96, 56, 56, 7, 5, 1, "float32", True), LIMIT, SPLIT)
     assert plan.split == 2 and plan.tiles.spec.tile == 56
     for problem in [Problem(64, 192, 28, 28, 5, 3, 1, "float32", True),  # L 3 on a 32 tile
                     Problem(64, 384, 14, 14, 5, 2, 1, "float32", True),  # L 2 on a 16 tile
@@ -153,9 +159,9 @@ def test_planner_splits_convnext_stages_with_one_tile_per_plane():
                     Problem(64, 384, 14, 14, 7, 3, 1, "float32", True),  # halo: 3.1 reads
                     Problem(64, 192, 28, 28, 7, 4, 1, "float32", True),  # halo: 3.1 reads
                     Problem(64, 96, 56, 56, 5, 5, 1, "float32", True)._replace(stride=2)]:
-        assert plan_split(problem, LIMIT) is None, problem
+        assert plan_split(problem, LIMIT, SPLIT) is None, problem
     assert plan_split(Problem(64, 96, 56, 56, 5, 5, 1, "float32", True), LIMIT,
-                      Tuning(tile=32)) is None  # an explicit tile edge: no default split
+                      Tuning(tile=32, inner=False)) is None  # an explicit tile edge: no default split
 
 
 def test_forced_split_on_convnext_planes():
@@ -215,3 +221,102 @@ def test_coarse_out_rejects_bad_specs(spec, message):
 def test_coarse_tiles_need_a_fine_level():
     with pytest.raises(ValueError, match="fine level"):
         tile_kernel_source(TileSpec(3, "float32", 0, 8, 32, 2, coarse=True))
+
+
+#: (shape, levels, k, split, tile, threads, storage, bias): one tile per plane, the levels
+#: above the split in the block. Inner bands of odd size (7 -> 4 -> 2 -> 1, 3 -> 2 -> 1),
+#: a plane smaller than its tile, K 3 and 5, float16, no bias.
+INNER_CASES = [
+    ((1, 2, 13, 11), 4, 3, 2, 16, 32, "float32", True),
+    ((2, 1, 12, 12), 5, 5, 2, 12, 32, "float32", True),
+    ((1, 1, 28, 27), 5, 3, 2, 28, 64, "float32", False),
+    ((1, 2, 9, 7), 3, 3, 2, 12, 32, "float16", True),
+]
+
+
+@simulator
+@pytest.mark.parametrize("shape,levels,k,split,tile,threads,storage,bias", INNER_CASES)
+def test_inner_levels_match_oracle_and_the_split(rng, monkeypatch, shape, levels, k, split,
+                                                 tile, threads, storage, bias):
+    """A tile running the levels above the split in its block (TileSpec.inner_levels),
+    launched directly: the oracle's output, and bit for bit the split pass's (coarse
+    pre-pass, coarse problem, tiles) with the same tile when the plane kernel runs the
+    coarse problem (the register kernel, which these tiny coarse planes would get, sums
+    in another order)."""
+    monkeypatch.setattr(launch, "plan_registers", lambda *args, **kwargs: None)
+    dtype, tol = {"float32": (np.float32, 2e-6), "float16": (np.float16, 2e-3)}[storage]
+    b, c, h, w = shape
+    x = rng.standard_normal(shape).astype(dtype)
+    wts = random_weights(rng, c, k, levels, bias=bias, dtype=dtype)
+    weights = Weights(wts.base_weight, wts.base_bias if bias else wts.base_scale,
+                      wts.base_scale, wts.wavelet_weight, wts.wavelet_scale)
+    problem = Problem(b, c, h, w, k, levels, 1, storage, bias)
+    tuning = Tuning(split=split, tile=tile, threads=threads, strip=2)
+    backend = RecordingBackend()
+    fine = plan_split(problem, backend.shared_limit, tuning).tiles
+    assert fine.ntiles == 1
+    spec = fine.spec._replace(coarse=False, inner_levels=levels - split)
+    floats = tile_geometry(k, split, tile, False, threads, levels - split).floats
+    y = np.full(shape, np.nan, dtype)
+    backend.call(backend.kernel(spec), fine.grid, fine.block,
+                 (x, y, *weights, h, w, c, int(bias), 1, 1), 4 * floats)
+    y_split = np.full(shape, np.nan, dtype)
+    run_forward(backend, problem, x, y_split, weights, tuning)
+    want = reference.forward(x, wts, levels, 1)
+    assert np.isfinite(y).all()
+    assert np.linalg.norm(y - want) / np.linalg.norm(want) < tol
+    np.testing.assert_array_equal(y, y_split)
+
+
+@pytest.mark.parametrize("shape,levels,inner", [
+    ((64, 96, 56, 56), 5, 3),   # ConvNeXt-T stages: one fitted 56 tile, levels 3..5 inside
+    ((64, 192, 28, 28), 4, 0),  # one 32 tile: the split (faster there)
+    ((64, 384, 14, 14), 3, 0),  # split at 1: the coarse problem runs on its own
+    ((8, 64, 512, 512), 5, 0),  # many tiles per plane: the split runs
+    ((4, 8, 56, 56), 5, 0),     # too small to split: the plane kernel
+])
+def test_planner_runs_inner_levels_where_one_tile_covers_the_plane(shape, levels, inner):
+    problem = Problem(*shape, 5, levels, 1, "float32", True)
+    plan = plan_tiles(problem, LIMIT)
+    if inner:
+        assert plan.spec.inner_levels == inner and plan.ntiles == 1
+        assert plan.spec.levels + inner == levels and not plan.spec.coarse
+        assert plan_split(problem, LIMIT) is None
+        assert planned_specs(problem, False, LIMIT, 264) == [plan.spec]
+        assert work_buffers(problem, False, LIMIT, 264) == ()
+        assert plan.shared_bytes == 4 * tile_geometry(
+            5, plan.spec.levels, plan.spec.tile, False, plan.block, inner).floats
+        # off, forced splits and the backward keep the split
+        for tuning, backward in ((Tuning(inner=False), False),
+                                 (Tuning(split=2), False), (Tuning(), True)):
+            if backward:
+                assert plan_tiles(problem, LIMIT, tuning, True) is None
+            else:
+                assert plan_split(problem, LIMIT, tuning) is not None
+    else:
+        assert plan is None or plan.spec.inner_levels == 0
+
+
+def test_inner_geometry_reuses_the_dead_grid():
+    """At 56 x 56 (tile 56, split 2, three inner levels) only the first inner grid takes
+    new space: the taps, deeper grids and subbands fit in grid 1, dead by then."""
+    plain = tile_geometry(5, 2, 56, False, 128)
+    geo = tile_geometry(5, 2, 56, False, 128, 3)
+    inner = geo.inner
+    assert inner.sizes == (14, 7, 4, 2) and inner.blocks == (11, 8, 6)
+    assert geo.floats == plain.floats + 4 * 11 * 11 and inner.grids[0] == plain.floats
+    start, stop = plain.grids[1], plain.z[0]
+    assert start <= inner.taps and inner.z[-1] + 4 * 2 * 2 <= stop
+    with pytest.raises(ValueError, match="inner levels"):
+        tile_geometry(5, 1, 56, False, 128, 3)
+
+
+@pytest.mark.parametrize("spec", [TileSpec(3, "float32", 2, 8, 32, 2, inner_levels=-1),
+                                  TileSpec(3, "float32", 2, 8, 32, 2, backward=True,
+                                           inner_levels=1),
+                                  TileSpec(3, "float32", 2, 8, 32, 2, coarse=True,
+                                           inner_levels=1),
+                                  TileSpec(3, "float32", 1, 8, 32, 2, inner_levels=1)])
+def test_inner_levels_reject_bad_specs(spec):
+    with pytest.raises(ValueError, match="inner_levels"):
+        tile_kernel_source(spec)

@@ -43,15 +43,16 @@ def test_convnext_stages_take_dx_from_the_forward_within_the_budget(stage, stora
     assert planned_specs(problem, True, LIMIT, SLOTS)[0].__class__.__name__ == "FlipSpec"
 
 
-def test_bfloat16_at_56_runs_dx_in_two_chunks_and_float32_in_one():
+def test_chunks_follow_the_forward_work_buffers():
+    """One chunk where the forward needs no work buffers (56 x 56 in both dtypes: its
+    coarse levels run in the tiles' blocks), two for bfloat16 at 14 x 14 (the whole
+    batch's split forward holds float32 buffers; half a batch runs on the plane kernel)."""
     fp32 = Problem(64, 96, 56, 56, 5, 5, 1, "float32", True)
-    bf16 = fp32._replace(storage="bfloat16")
     assert dx_forward_batches(fp32, LIMIT, SLOTS) == (64,)
+    assert dx_forward_batches(fp32._replace(storage="bfloat16"), LIMIT, SLOTS) == (64,)
+    assert work_buffers(launch._dx_problem(fp32), False, LIMIT, SLOTS) == ()
+    bf16 = Problem(64, 384, 14, 14, 5, 3, 1, "bfloat16", True)
     assert dx_forward_batches(bf16, LIMIT, SLOTS) == (32, 32)
-    # the request sequence repeats the chunk's buffers once per chunk
-    chunk = work_buffers(launch._dx_problem(bf16)._replace(batch=32), False, LIMIT, SLOTS)
-    sizes = work_buffers(bf16, True, LIMIT, SLOTS)
-    assert sizes[1:1 + 2 * len(chunk)] == chunk + chunk
 
 
 def test_forced_chunks_and_the_paths_without_them():

@@ -162,6 +162,12 @@ class Tuning(NamedTuple):
         With ``dx`` from the forward kernels: batch entries per chunk of the
         forward (clipped to ``B``; see :func:`dx_forward_batches`). None
         takes the fewest near-equal chunks whose work buffers fit.
+    inner : bool or None
+        A forward that would split with one tile per plane at level 2 or
+        deeper runs the levels above the split inside the tile's block
+        instead (``TileSpec.inner_levels``: one launch, no coarse pre-pass,
+        no work buffers; see :func:`plan_tiles`). None does so wherever the
+        block's buffer fits; False never.
     """
 
     threads: int | None = None
@@ -177,6 +183,7 @@ class Tuning(NamedTuple):
     registers: bool | None = None
     dx_forward: bool | None = None
     dx_batch: int | None = None
+    inner: bool | None = None
 
 
 #: Bytes per element of each storage dtype.
@@ -548,6 +555,9 @@ class SmallTileSplit(NamedTuple):
         up to a multiple of ``fit`` (itself a multiple of ``2**level``) rather
         than the next power of two, which stays the fallback where the fitted
         tile's halo reads too much (0: the power of two).
+    inner : bool
+        Run the levels above ``level`` in the tile's block instead of a coarse
+        pre-pass (:func:`inner_tiles`; needs ``level >= 2``).
     """
 
     level: int
@@ -556,6 +566,7 @@ class SmallTileSplit(NamedTuple):
     strip: int = 0
     min_pixels: int = 0
     fit: int = 0
+    inner: bool = False
 
 
 #: Planes no larger than a tile split their forward by default, with one tile
@@ -585,8 +596,15 @@ class SmallTileSplit(NamedTuple):
 #: Only the forward: the backward's float32 work buffers (the pooled ``x`` and
 #: ``dy``, one partial per tile) raised peak training memory at the ConvNeXt-T
 #: stages from 1.04x to 1.14-1.50x depthwise 7x7.
+#:
+#: The inner levels (``inner``, :func:`inner_tiles`): on an H200, fp32, K 5, the
+#: split forward -> one launch with the coarse levels in the tile's block
+#: (``benchmarks/split_stages.py``): 64 x 96 x 56 x 56, L 5: 246.3 -> 227.5 us;
+#: 64 x 192 x 28 x 28, L 4: 172.1 -> 181.1 us (its coarse problem is cheap on the
+#: register kernel, 17.6 us, and the serial coarse levels idle its 64-thread blocks).
 SPLIT_SMALL_TILES = {16: SmallTileSplit(1, 3, 32, 2, min_pixels=1 << 22),
-                     32: SmallTileSplit(2, 4, 64), 64: SmallTileSplit(2, 4, fit=8)}
+                     32: SmallTileSplit(2, 4, 64),
+                     64: SmallTileSplit(2, 4, fit=8, inner=True)}
 #: ... where the tile wastes at most this fraction of its pixels ...
 SPLIT_MAX_WASTE = 1.35
 #: ... and the problem has at least this many pixels: a split issues three to
@@ -634,7 +652,82 @@ class TileLaunch(NamedTuple):
 @lru_cache(maxsize=1024)
 def plan_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
                backward: bool = False):
-    """The tiled kernel's launch for ``problem``, or None where the plane kernel runs it.
+    """The tiled kernel's launch for ``problem``, or None where another kernel runs it.
+
+    Whole tiles (:func:`whole_tiles`), else, forward only, one tile per plane
+    with the deep levels inside its block (:func:`inner_tiles`).
+
+    Parameters
+    ----------
+    problem : Problem
+        The layer call.
+    shared_limit : int
+        Bytes of dynamic shared memory a block may use.
+    tuning : Tuning, optional
+        The overrides :func:`whole_tiles` and :func:`inner_tiles` read.
+    backward : bool, default False
+        Plan the backward instead of the forward.
+
+    Returns
+    -------
+    TileLaunch or None
+        Shared through the plan cache: do not modify it.
+    """
+    whole = whole_tiles(problem, shared_limit, tuning, backward)
+    if whole is None and not backward:
+        return inner_tiles(problem, shared_limit, tuning)
+    return whole
+
+
+def inner_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning()):
+    """A forward on one tile per plane that runs the levels above the split in the block.
+
+    Where the default split (:func:`plan_split`) would take one tile per plane
+    at level ``c >= 2`` and its rule says so (`SPLIT_SMALL_TILES`: planes of 33
+    to 64 pixels, such as the 56 x 56 ConvNeXt-T stage), that tile covers the
+    whole plane, so its LL band of level ``c``
+    is the coarse problem's input: the block runs the levels above ``c`` on
+    it after its own (``TileSpec.inner_levels``) instead of a coarse
+    pre-pass and a coarse problem, with the same sums in the same order.
+    One launch instead of three or more, ``x`` read once, no work buffers.
+    On an H200 at 64 x 96 x 56 x 56, L 5, the split spent 24.6 us pooling
+    ``x`` and 43.0 us on the coarse problem around 177.2 us of tiles
+    (``benchmarks/split_stages.py``).
+
+    Parameters
+    ----------
+    problem : Problem
+        The layer call (forward).
+    shared_limit : int
+        Bytes of dynamic shared memory a block may use.
+    tuning : Tuning, optional
+        ``inner`` False turns this off; any field that steers the split or
+        the tiles (``split``, ``tiles``, ``tile``) leaves the split to them.
+
+    Returns
+    -------
+    TileLaunch or None
+        None where the forward does not run this way.
+    """
+    p = problem
+    if tuning.inner is False or tuning.split is not None or p.stride != 1:
+        return None
+    small = _small_plane_tiles(p, shared_limit, tuning, False, inner=True)
+    if small is None:
+        return None
+    c, fine = small
+    if c < 2 or fine.ntiles != 1:
+        return None
+    spec = fine.spec._replace(inner_levels=p.levels - c)
+    geo = tile_geometry(p.kernel_size, c, spec.tile, False, spec.threads, spec.inner_levels)
+    if 4 * geo.floats > shared_limit:
+        return None
+    return fine._replace(spec=spec, shared_bytes=4 * geo.floats)
+
+
+def whole_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
+                backward: bool = False):
+    """The tiled kernel's launch running every level of ``problem`` on tiles, or None.
 
     The tiles can run a pass with stride 1 whose buffer fits in
     ``shared_limit``. By default (``tuning.tiles`` None) a pass takes them
@@ -905,7 +998,7 @@ def plan_split(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
             return None
         choices = range(min(p.levels - 1, SPLIT_FINE_LEVELS), 0, -1)
     for c in choices:
-        fine = plan_tiles(p._replace(levels=c), shared_limit, tuning, backward)
+        fine = whole_tiles(p._replace(levels=c), shared_limit, tuning, backward)
         if fine is not None:
             break
     else:
@@ -931,13 +1024,15 @@ def plan_split(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
     return SplitPlan(c, spec, grid, layout, coarse, fine, out, scalars)
 
 
-def _small_plane_tiles(p: Problem, shared_limit: int, tuning: Tuning, backward: bool):
-    """``(c, tiles)`` of a default split forward on a plane no larger than a tile, or None."""
+def _small_plane_tiles(p: Problem, shared_limit: int, tuning: Tuning, backward: bool,
+                       inner: bool = False):
+    """``(c, tiles)`` of a default split forward on a plane no larger than a tile, or None;
+    with ``inner``, only where the rule runs the coarse levels in the tile's block."""
     if backward or tuning.tiles is not None or tuning.tile:
         return None
     edge = 1 << (max(p.height, p.width) - 1).bit_length()
     rule = SPLIT_SMALL_TILES.get(edge)
-    if rule is None or p.levels < rule.min_levels:
+    if rule is None or p.levels < rule.min_levels or (inner and not rule.inner):
         return None
     if p.batch * p.channels * p.height * p.width < (rule.min_pixels or SPLIT_MIN_PIXELS):
         return None
@@ -951,7 +1046,7 @@ def _small_plane_tiles(p: Problem, shared_limit: int, tuning: Tuning, backward: 
             continue
         if tile_geometry(p.kernel_size, c, tile).read_amplification > TILE_MAX_READ:
             continue
-        fine = plan_tiles(p._replace(levels=c), shared_limit,
+        fine = whole_tiles(p._replace(levels=c), shared_limit,
                           tuning._replace(tiles=True, tile=tile, threads=threads, strip=strip),
                           backward)
         if fine is not None:

@@ -108,6 +108,41 @@ class TileSpec(NamedTuple):
     analysis_strip: int = 8
     backward: bool = False
     coarse: bool = False
+    inner_levels: int = 0
+
+
+class InnerGeometry(NamedTuple):
+    """Layout of the levels a forward tile runs above its own (``TileSpec.inner_levels``).
+
+    The tile covers its plane, so its LL band of level ``L`` is the whole
+    plane's, zero outside the image. Inner level ``i = 1..Li`` (level ``L + i``)
+    has ``sizes[i] = ceil(sizes[i - 1] / 2)`` coefficients per side. Its source
+    is kept as Haar blocks already transformed: four planes (twice LL, LH,
+    HL, HH of each 2x2 block of the band one level finer), ``blocks[i - 1]``
+    blocks per side, block ``(a, b)`` at ``(a + P, b + P)``, with zero blocks
+    around it as far as the convolutions reach.
+
+    Attributes
+    ----------
+    sizes : tuple of int
+        ``M_0 = TS / 2**L, M_1, ..., M_Li``.
+    blocks : tuple of int
+        ``M_i + 2P`` for ``i = 1..Li`` (entry ``i - 1``).
+    grids : tuple of int
+        Offset of inner level ``i``'s four block planes (entry ``i - 1``),
+        plane ``k`` at ``+ k * blocks[i - 1]**2``.
+    z : tuple of int
+        Offset of the four ``M_i x M_i`` convolved subbands of inner level ``i``
+        (entry ``i - 1``), subband-major.
+    taps : int
+        Offset of the inner levels' folded taps, ``4 K**2`` per level.
+    """
+
+    sizes: tuple
+    blocks: tuple
+    grids: tuple
+    z: tuple
+    taps: int
 
 
 class TileGeometry(NamedTuple):
@@ -134,6 +169,9 @@ class TileGeometry(NamedTuple):
     reduce : int
         Backward only (else 0): offset of the area where the threads'
         weight-gradient sums meet (:func:`reduce_floats` elements).
+    inner : InnerGeometry or None
+        Forward with inner levels only (else None): their grids, subbands and
+        taps (see :func:`inner_geometry`).
     """
 
     halos: tuple
@@ -144,6 +182,7 @@ class TileGeometry(NamedTuple):
     floats: int
     xgrids: tuple = ()
     reduce: int = 0
+    inner: InnerGeometry | None = None
 
     @property
     def read_amplification(self) -> float:
@@ -196,8 +235,63 @@ def reduce_floats(kernel_size: int, levels: int, tile: int, threads: int) -> int
     return need
 
 
+def inner_geometry(kernel_size: int, levels: int, tile: int, inner_levels: int,
+                   free: tuple) -> tuple:
+    """Sizes and offsets of a tile's inner levels (see :class:`InnerGeometry`).
+
+    Inner level 1's blocks (formed from grid ``L - 1`` while level ``L``
+    reads that grid too) get new space. The other levels' blocks, the
+    subbands and the taps are only used after level ``L``'s analysis, when
+    grid ``L - 1`` is dead: they go in its place if they fit there, else after
+    level 1's blocks.
+
+    Parameters
+    ----------
+    kernel_size : int
+        Odd ``K``.
+    levels : int
+        The tile's levels ``L >= 2``.
+    tile : int
+        Tile edge ``TS``.
+    inner_levels : int
+        Levels above ``L`` to run, ``Li >= 1``.
+    free : tuple
+        ``((start, size), end)``: grid ``L - 1``'s region, and the first
+        float past the tile's buffer.
+
+    Returns
+    -------
+    tuple
+        ``(InnerGeometry, floats)``: the layout and the buffer's new size.
+    """
+    P = (kernel_size - 1) // 2
+    sizes = [tile >> levels]
+    for _ in range(inner_levels):
+        sizes.append(-(-sizes[-1] // 2))
+    blocks = tuple(m + 2 * P for m in sizes[1:])
+    (dead, dead_size), end = free
+    first = end
+    end += 4 * blocks[0] ** 2
+    rest = (4 * kernel_size ** 2 * inner_levels + sum(4 * n * n for n in blocks[1:])
+            + sum(4 * m * m for m in sizes[1:]))
+    offset = dead if rest <= dead_size else end
+    if offset == end:
+        end += rest
+    taps = offset
+    offset += 4 * kernel_size ** 2 * inner_levels
+    grids = [first]
+    for n in blocks[1:]:
+        grids.append(offset)
+        offset += 4 * n * n
+    z = []
+    for m in sizes[1:]:
+        z.append(offset)
+        offset += 4 * m * m
+    return InnerGeometry(tuple(sizes), blocks, tuple(grids), tuple(z), taps), end
+
+
 def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = False,
-                  threads: int = 128) -> TileGeometry:
+                  threads: int = 128, inner_levels: int = 0) -> TileGeometry:
     """Halos, grid sizes and buffer offsets of a tile (see :class:`TileGeometry`).
 
     Parameters
@@ -212,6 +306,9 @@ def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = Fal
         Add the backward's grids of ``x`` and its reduction area.
     threads : int, default 128
         Threads per block (sizes the backward's reduction area).
+    inner_levels : int, default 0
+        Forward only: levels run above ``L`` inside the block
+        (:attr:`TileSpec.inner_levels`; needs ``L >= 2``).
 
     Returns
     -------
@@ -220,7 +317,8 @@ def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = Fal
     Raises
     ------
     ValueError
-        ``tile`` is not a positive multiple of ``2**max(L, 1)``.
+        ``tile`` is not a positive multiple of ``2**max(L, 1)``, or inner
+        levels with a backward or fewer than two levels.
     """
     K, L, TS = kernel_size, levels, tile
     if TS <= 0 or TS % 2 ** max(L, 1):
@@ -241,6 +339,12 @@ def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = Fal
     for j in range(1, L + 1):
         z.append(offset)
         offset += 4 * (TS >> j) ** 2
+    if inner_levels:
+        if backward or L < 2:
+            raise ValueError("inner levels need a forward tile with at least two levels")
+        dead = (grids[L - 1], 4 * phase_stride(edges[L - 1]))
+        inner, offset = inner_geometry(K, L, TS, inner_levels, (dead, offset))
+        return TileGeometry(halos, edges, tuple(grids), tuple(z), ntaps, offset, inner=inner)
     if not backward:
         return TileGeometry(halos, edges, tuple(grids), tuple(z), ntaps, offset)
     xgrids = []
@@ -387,7 +491,10 @@ def tile_kernel_source(spec: TileSpec) -> str:
         raise ValueError(f"storage must be one of {STORAGE}, got {spec.storage!r}")
     if L < 0:
         raise ValueError(f"levels must be >= 0, got {L}")
-    geo = tile_geometry(K, L, TS, spec.backward, NT)
+    if spec.inner_levels < 0 or (spec.inner_levels and (spec.backward or spec.coarse or L < 2)):
+        raise ValueError("inner_levels needs a forward tile with at least two levels and no "
+                         f"coarse pre-pass, got {spec}")
+    geo = tile_geometry(K, L, TS, spec.backward, NT, spec.inner_levels)
     if Q < 1 or (TS // 2) % Q:
         raise ValueError(f"strip must divide the level-1 tile edge {TS // 2}, got {Q}")
     if NT < 32 or NT % 32:
@@ -427,6 +534,8 @@ def tile_kernel_source(spec: TileSpec) -> str:
             if j < L:
                 _emit_ll_band(e, spec, geo, geo.grids, j)
             Qj = analysis_plan(K, TS >> j, NT, spec.analysis_strip)
+            if geo.inner and j == L:
+                _emit_inner_blocks(e, spec, geo, 1)
             # the top level's LL subband adds the coarse output parked in its place
             add_coarse = spec.coarse and j == L
             if Qj:
@@ -434,6 +543,8 @@ def tile_kernel_source(spec: TileSpec) -> str:
             else:
                 _emit_tile_singles(e, spec, geo, j, add_coarse)
             e("cuda.syncthreads()")
+        if geo.inner:
+            _emit_inner_levels(e, spec, geo)
         for j in range(L, 1, -1):
             _emit_tile_synthesis(e, spec, geo, j)
             e("cuda.syncthreads()")
@@ -636,6 +747,117 @@ def _emit_coarse_stores(e: _Emitter, spec: TileSpec, geo: TileGeometry) -> None:
             e(f"if tid < {n * n - r * NT}:", f"    {store}")
         else:
             e(store)
+
+
+def _emit_inner_blocks(e: _Emitter, spec: TileSpec, geo: TileGeometry, i: int) -> None:
+    """Inner level ``i``'s transformed Haar blocks, zero blocks around them.
+
+    Block ``(a, b)`` holds the butterfly (:func:`~wtconv_cuda.kernels.codegen._butterfly`)
+    of the band one level finer at ``(2a, 2b)``: for ``i = 1`` the tile's LL band
+    of level ``L``, each value formed from grid ``L - 1`` as :func:`_emit_ll_band`
+    forms it (so this runs in level ``L``'s phase); else the LL band of level
+    ``L + i - 1``, half the first plane of inner level ``i - 1``'s blocks (in
+    that level's phase). Values past an odd band's edge are zero.
+    """
+    L, NT, P = spec.levels, spec.threads, (spec.kernel_size - 1) // 2
+    inner = geo.inner
+    m, fine, n = inner.sizes[i], inner.sizes[i - 1], inner.blocks[i - 1]
+    e(f"# level {L + i}'s Haar blocks, {m} x {m} (and the zero ones around), transformed",
+      f"for it in range(tid, {n * n}, {NT}):")
+    with e.indent():
+        e(f"by = it // {n}", f"a = by - {P}", f"b = it - by * {n} - {P}",
+          "u0 = u1 = u2 = u3 = fz", f"if a >= 0 and a < {m} and b >= 0 and b < {m}:")
+        with e.indent():
+            if i == 1:  # values of the tile's LL band of level L, from grid L - 1
+                src, ph, pitch = geo.grids[L - 1], geo.phase(L - 1), geo.pitch(L - 1)
+                hh = geo.halos[L - 1] // 2
+                e(f"p0 = {src} + a * {2 * pitch} + 2 * b + {hh * (pitch + 1)}")
+            else:  # values of the LL band of level L + i - 1: half of level i - 1's u0
+                pn = inner.blocks[i - 2]
+                e(f"p0 = {inner.grids[i - 2]} + a * {2 * pn} + 2 * b + {P * (pn + 1)}")
+            for dr in (0, 1):
+                for dc in (0, 1):
+                    name = ("_a", "_b", "_c", "_d")[2 * dr + dc]
+                    if i == 1:
+                        e(f"p = p0 + {dr * pitch + dc}")
+                        value = (f"f05 * ((S[p] + S[p + {ph}]) + (S[p + {2 * ph}] + "
+                                 f"S[p + {3 * ph}]))")
+                    else:
+                        value = f"f05 * S[p0 + {dr * pn + dc}]"
+                    guard = [f"2 * {v} + 1 < {fine}" for v, d in (("a", dr), ("b", dc))
+                             if d and fine % 2]
+                    if guard:
+                        e(f"{name} = {value} if {' and '.join(guard)} else fz")
+                    else:
+                        e(f"{name} = {value}")
+            e("_s = _a + _b", "_m = _a - _b", "_t = _c + _d", "_n = _c - _d",
+              "u0 = _s + _t", "u1 = _s - _t", "u2 = _m + _n", "u3 = _m - _n")
+        for k in range(4):
+            e(f"S[{inner.grids[i - 1] + k * n * n} + it] = u{k}")
+
+
+def _emit_inner_levels(e: _Emitter, spec: TileSpec, geo: TileGeometry) -> None:
+    """The levels above ``L``, in the block, added into level ``L``'s LL subband.
+
+    The same sums, in the same order, as the coarse problem of a split pass
+    on the plane kernel: the inner levels' taps folded as
+    :func:`~wtconv_cuda.kernels.codegen._emit_fold_weights` folds them; each
+    level's subbands one (subband, coefficient) per item, tap columns outer
+    and tap rows inner, on blocks transformed once (the butterfly's subband
+    ``k`` is bit for bit the plane kernel's sign combination); then the
+    syntheses from the coarsest down, coefficients past an odd band's edge
+    dropped.
+    """
+    K, L, NT, P = spec.kernel_size, spec.levels, spec.threads, (spec.kernel_size - 1) // 2
+    K2, inner = K * K, geo.inner
+    Li = len(inner.blocks)
+    ld = lambda x: _load(spec.storage, x)  # noqa: E731
+    e(f"# ---- levels {L + 1}..{L + Li} in the block, on the plane's LL band of level {L} ----",
+      "# their taps, one per item (a loop per level and subband kept ~25 more registers",
+      "# live: the loads' 64-bit addresses)",
+      f"for t in range(tid, {Li * 4 * K2}, {NT}):")
+    with e.indent():
+        e(f"jk = t // {K2}", f"wq = ({L} + (jk >> 2)) * C * 4 + c * 4 + (jk & 3)",
+          f"S[{inner.taps} + t] = f05 * ({ld('ws[wq]')} * {ld(f'ww[wq * {K2} + t - jk * {K2}]')})")
+    e("cuda.syncthreads()")
+    for i in range(1, Li + 1):
+        m, n = inner.sizes[i], inner.blocks[i - 1]
+        if i < Li:
+            _emit_inner_blocks(e, spec, geo, i + 1)
+        e(f"# level {L + i}: {m} x {m} coefficients, one subband of one coefficient per item",
+          f"for it in range(tid, {4 * m * m}, {NT}):")
+        with e.indent():
+            e("k = it & 3", "q = it >> 2", f"qy = q // {m}",
+              f"base = {inner.grids[i - 1]} + k * {n * n} + qy * {n} + q - qy * {m}",
+              f"wk = {inner.taps + (i - 1) * 4 * K2} + k * {K2}", "acc = fz",
+              f"for dx in range({K}):")
+            with e.indent():
+                for dy in range(K):
+                    e(f"acc += S[wk + {dy * K} + dx] * S[base + {dy * n} + dx]")
+            e(f"S[{inner.z[i - 1]} + k * {m * m} + q] = acc")
+        e("cuda.syncthreads()")
+    for i in range(Li, 0, -1):
+        m, mp = inner.sizes[i], inner.sizes[i - 1]
+        zo, zp = inner.z[i - 1], (inner.z[i - 2] if i > 1 else geo.z[L - 1])
+        mm = m * m
+        e(f"# level {L + i} synthesis into level {L + i - 1}'s LL subband",
+          f"for it in range(tid, {mm}, {NT}):")
+        with e.indent():
+            e(f"qy = it // {m}", f"qx = it - qy * {m}", f"z = {zo} + it",
+              f"_s = S[z] + S[z + {mm}]", f"_m = S[z] - S[z + {mm}]",
+              f"_t = S[z + {2 * mm}] + S[z + {3 * mm}]",
+              f"_n = S[z + {2 * mm}] - S[z + {3 * mm}]",
+              f"t = {zp} + 2 * qy * {mp} + 2 * qx",
+              "S[t] += f05 * (_s + _t)")
+            col = f"if 2 * qx + 1 < {mp}:"
+            if 2 * m > mp:  # an odd band: its last row and column have no partner
+                e(col, "    S[t + 1] += f05 * (_s - _t)",
+                  f"if 2 * qy + 1 < {mp}:", f"    S[t + {mp}] += f05 * (_m + _n)",
+                  f"    {col}", f"        S[t + {mp + 1}] += f05 * (_m - _n)")
+            else:
+                e("S[t + 1] += f05 * (_s - _t)", f"S[t + {mp}] += f05 * (_m + _n)",
+                  f"S[t + {mp + 1}] += f05 * (_m - _n)")
+        e("cuda.syncthreads()")
 
 
 def _emit_tile_synthesis(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int) -> None:

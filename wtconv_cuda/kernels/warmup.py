@@ -87,9 +87,10 @@ def variants(kernel_sizes, storages, strides, plane_sizes, levels=range(7),
             if registers is not None:
                 specs.append(registers.spec)
         for backward in (False, True):
-            tiled = plan_tiles(problem, shared_limit, tuning, backward)
-            if tiled is not None:  # large planes: the tiles (the plane kernel stays warm too)
-                specs.append(tiled.spec)
+            for p in (problem, large):  # (one tile per plane with inner levels: large only)
+                tiled = plan_tiles(p, shared_limit, tuning, backward)
+                if tiled is not None:  # large planes: the tiles (the plane kernel stays warm)
+                    specs.append(tiled.spec)
             for p in (problem, large):
                 if plan_split(p, shared_limit, tuning, backward) is None:
                     continue
