@@ -560,6 +560,11 @@ def _grid_index(geo: TileGeometry, grids: tuple, i: int, row: str, col: str) -> 
             f"{geo.phase(i)} + (({row}) >> 1) * {geo.pitch(i)} + (({col}) >> 1)")
 
 
+#: Most global loads a thread issues before the first of their shared stores in the
+#: tile load: row pairs are taken in groups so that one memory latency covers them.
+TILE_LOAD_BATCH = 18
+
+
 def _emit_tile_load(e: _Emitter, spec: TileSpec, geo: TileGeometry, array: str,
                     grids: tuple) -> None:
     """Grid 0 of ``grids``: the ``N_0 x N_0`` pixels of ``array`` around the tile, zeros
@@ -567,13 +572,18 @@ def _emit_tile_load(e: _Emitter, spec: TileSpec, geo: TileGeometry, array: str,
 
     Warp ``w`` takes the row pairs ``w, w + warps, ...``; its lanes take the
     columns ``lane + 32 m``. Which columns lie in the image, and where a
-    column lands in the phase planes, is worked out once per thread; a row
-    pair's ``2 ceil(N_0 / 32)`` loads are all issued before its stores, so
-    one memory latency covers them.
+    column lands in the phase planes, is worked out once per thread. A warp
+    takes its row pairs ``U`` at a time and issues their ``2 U ceil(N_0 / 32)``
+    loads (at most `TILE_LOAD_BATCH`) before its stores, so one memory latency
+    covers them: with one pair at a time, the load phase of the 56 x 56 tile
+    (``x`` from DRAM) held 16% of the kernel's warp samples on an H200.
     """
     N0, H0, NT = geo.edges[0], geo.halos[0], spec.threads
     ph, pitch = geo.phase(0), geo.pitch(0)
     chunks = -(-N0 // 32)
+    warps, pairs = NT // 32, N0 // 2
+    per_warp = -(-pairs // warps)
+    U = max(1, min(TILE_LOAD_BATCH // (2 * chunks), per_warp))
     e(f"gy0 = oy - {H0}", "xbase = plane * H * W",
       "lane = tid & 31",
       f"gxl = ox - {H0} + lane",
@@ -583,23 +593,33 @@ def _emit_tile_load(e: _Emitter, spec: TileSpec, geo: TileGeometry, array: str,
         e(f"col{m} = gxl >= {-32 * m} and gxl < W - {32 * m}{inside}")
         if inside:
             e(f"keep{m} = lane < {N0 - 32 * m}")
-    e(f"for pr in range(tid >> 5, {N0 // 2}, {NT // 32}):")
+    full = pairs % (warps * U) == 0  # every group's U pairs lie in the grid
+    e(f"for group in range(tid >> 5, {pairs}, {warps * U}):")
     with e.indent():
-        for r in (0, 1):
-            e(f"ry{r} = gy0 + 2 * pr + {r}", f"row{r} = ry{r} >= 0 and ry{r} < H",
-              f"gp{r} = xbase + ry{r} * W + gxl")
-        for r in (0, 1):
-            for m in range(chunks):
-                e(f"v{r}_{m} = {_load(spec.storage, f'{array}[gp{r} + {32 * m}]')} "
-                  f"if row{r} and col{m} else fz")
-        e(f"sp = scol + pr * {pitch}")
-        for r in (0, 1):
-            for m in range(chunks):
-                target = f"S[sp + {r * 2 * ph + 16 * m}] = v{r}_{m}"
-                if 32 * (m + 1) > N0:
-                    e(f"if keep{m}:", f"    {target}")
-                else:
-                    e(target)
+        for u in range(U):
+            guard = "" if u == 0 or full else f" and pr{u} < {pairs}"
+            e(f"pr{u} = group + {u * warps}")
+            for r in (0, 1):
+                e(f"ry{u}{r} = gy0 + 2 * pr{u} + {r}",
+                  f"row{u}{r} = ry{u}{r} >= 0 and ry{u}{r} < H{guard}",
+                  f"gp{u}{r} = xbase + ry{u}{r} * W + gxl")
+            for r in (0, 1):
+                for m in range(chunks):
+                    e(f"v{u}{r}_{m} = {_load(spec.storage, f'{array}[gp{u}{r} + {32 * m}]')} "
+                      f"if row{u}{r} and col{m} else fz")
+        for u in range(U):
+            pad = ""
+            if u and not full:  # a pair past the grid (in the last group) stores nothing
+                e(f"if pr{u} < {pairs}:")
+                pad = "    "
+            e(f"{pad}sp = scol + pr{u} * {pitch}")
+            for r in (0, 1):
+                for m in range(chunks):
+                    target = f"S[sp + {r * 2 * ph + 16 * m}] = v{u}{r}_{m}"
+                    if 32 * (m + 1) > N0:
+                        e(f"{pad}if keep{m}:", f"{pad}    {target}")
+                    else:
+                        e(f"{pad}{target}")
 
 
 def _emit_ll_band(e: _Emitter, spec: TileSpec, geo: TileGeometry, grids: tuple, j: int) -> None:

@@ -1,0 +1,27 @@
+# The tile load in groups of row pairs (more loads in flight): split_stages.py before
+# (ab_base: one pair at a time) and after, alternately; the tiled kernels' GPU oracle
+# cases (K 5); then the user benchmark at the ConvNeXt-T stages, fp32 and bf16.
+export WTCONV_CUDA_CACHE=/tmp/wtconv_cache PYTHONUNBUFFERED=1
+mkdir -p "$WTCONV_CUDA_CACHE"
+for a in .ptxcache/*.tar.xz; do [ -e "$a" ] && tar -C "$WTCONV_CUDA_CACHE" -xJf "$a"; done
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/env.log"
+start=$SECONDS
+{
+for round in 1 2; do
+  for tree in ab_base .; do
+    tag=$([ "$tree" = . ] && echo after || echo before)
+    echo "== $tag (round $round)"
+    PYTHONPATH=$tree timeout 120 python3 benchmarks/split_stages.py \
+      --json "$OUT/${tag}_$round.json" 2>&1 | grep -v "^Compil" || echo "rc $?"
+    echo "at $((SECONDS - start)) s"
+  done
+done
+} 2>&1 | tee "$OUT/stages.log"
+export PYTHONPATH=$PWD
+WTCONV_TEST_GPU=1 WTCONV_TEST_KS=5 timeout 150 python3 -m pytest -v -rfE -n 14 -p no:cacheprovider \
+  -p no:benchmark tests/gpu/test_gpu_kernels.py -k "tiled or split or inner" >"$OUT/gpu_k5.log" 2>&1
+echo "pytest rc $? at $((SECONDS - start)) s"
+grep -c PASSED "$OUT/gpu_k5.log"; grep -E "FAILED|ERROR" "$OUT/gpu_k5.log" | head -20; tail -n 2 "$OUT/gpu_k5.log"
+timeout $((570 - SECONDS + start)) python3 -m wtconv_cuda.bench --shapes convnext --dtypes fp32 bf16 \
+  --out "$OUT/bench" > "$OUT/bench.log" 2>&1
+echo "bench rc $? at $((SECONDS - start)) s"; tail -n 30 "$OUT/bench.log"
