@@ -535,6 +535,7 @@ def tile_kernel_source(spec: TileSpec) -> str:
                 _emit_ll_band(e, spec, geo, geo.grids, j)
             Qj = analysis_plan(K, TS >> j, NT, spec.analysis_strip)
             if geo.inner and j == L:
+                _emit_inner_tap_loads(e, spec, geo)
                 _emit_inner_blocks(e, spec, geo, 1)
             # the top level's LL subband adds the coarse output parked in its place
             add_coarse = spec.coarse and j == L
@@ -816,6 +817,31 @@ def _emit_inner_blocks(e: _Emitter, spec: TileSpec, geo: TileGeometry, i: int) -
             e(f"S[{inner.grids[i - 1] + k * n * n} + it] = u{k}")
 
 
+def _emit_inner_tap_loads(e: _Emitter, spec: TileSpec, geo: TileGeometry) -> None:
+    """Issue the loads of the inner levels' scales and taps, one tap per item.
+
+    Emitted at the start of level ``L``'s phase: the values wait in registers
+    (``tws{r}``, ``tww{r}``) while the level runs, and :func:`_emit_inner_levels`
+    folds and stores them once grid ``L - 1``, where they go, is dead. (Loaded
+    there, after a barrier, every warp of the block waited on them: 4.8% of the
+    56 x 56 tile's warp samples. A loop per level and subband, as
+    :func:`~wtconv_cuda.kernels.codegen._emit_fold_weights` has, kept ~25
+    more registers live: the loads' 64-bit addresses.)
+    """
+    K, L, NT = spec.kernel_size, spec.levels, spec.threads
+    K2, n = K * K, len(geo.inner.blocks) * 4 * K * K
+    ld = lambda x: _load(spec.storage, x)  # noqa: E731
+    e("# the inner levels' scales and taps, loaded early (stored after this phase)")
+    for r in range(-(-n // NT)):
+        e(f"t = tid + {r * NT}", f"jk = t // {K2}",
+          f"wq = ({L} + (jk >> 2)) * C * 4 + c * 4 + (jk & 3)")
+        if (r + 1) * NT > n:
+            e(f"tws{r} = {ld('ws[wq]')} if t < {n} else fz",
+              f"tww{r} = {ld(f'ww[wq * {K2} + t - jk * {K2}]')} if t < {n} else fz")
+        else:
+            e(f"tws{r} = {ld('ws[wq]')}", f"tww{r} = {ld(f'ww[wq * {K2} + t - jk * {K2}]')}")
+
+
 def _emit_inner_levels(e: _Emitter, spec: TileSpec, geo: TileGeometry) -> None:
     """The levels above ``L``, in the block, added into level ``L``'s LL subband.
 
@@ -828,17 +854,17 @@ def _emit_inner_levels(e: _Emitter, spec: TileSpec, geo: TileGeometry) -> None:
     syntheses from the coarsest down, coefficients past an odd band's edge
     dropped.
     """
-    K, L, NT, P = spec.kernel_size, spec.levels, spec.threads, (spec.kernel_size - 1) // 2
+    K, L, NT = spec.kernel_size, spec.levels, spec.threads
     K2, inner = K * K, geo.inner
     Li = len(inner.blocks)
-    ld = lambda x: _load(spec.storage, x)  # noqa: E731
     e(f"# ---- levels {L + 1}..{L + Li} in the block, on the plane's LL band of level {L} ----",
-      "# their taps, one per item (a loop per level and subband kept ~25 more registers",
-      "# live: the loads' 64-bit addresses)",
-      f"for t in range(tid, {Li * 4 * K2}, {NT}):")
-    with e.indent():
-        e(f"jk = t // {K2}", f"wq = ({L} + (jk >> 2)) * C * 4 + c * 4 + (jk & 3)",
-          f"S[{inner.taps} + t] = f05 * ({ld('ws[wq]')} * {ld(f'ww[wq * {K2} + t - jk * {K2}]')})")
+      "# their folded taps, from the values loaded during level {L}".format(L=L))
+    for r in range(-(-Li * 4 * K2 // NT)):
+        store = f"S[{inner.taps} + tid + {r * NT}] = f05 * (tws{r} * tww{r})"
+        if (r + 1) * NT > Li * 4 * K2:
+            e(f"if tid < {Li * 4 * K2 - r * NT}:", f"    {store}")
+        else:
+            e(store)
     e("cuda.syncthreads()")
     for i in range(1, Li + 1):
         m, n = inner.sizes[i], inner.blocks[i - 1]
