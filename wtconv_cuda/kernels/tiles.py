@@ -883,44 +883,41 @@ def _emit_inner_levels(e: _Emitter, spec: TileSpec, geo: TileGeometry) -> None:
             e(f"S[{inner.z[i - 1]} + k * {m * m} + q] = acc")
         e("cuda.syncthreads()")
     for i in range(Li, 0, -1):
-        m, mp = inner.sizes[i], inner.sizes[i - 1]
-        zo, zp = inner.z[i - 1], (inner.z[i - 2] if i > 1 else geo.z[L - 1])
-        mm = m * m
-        e(f"# level {L + i} synthesis into level {L + i - 1}'s LL subband",
-          f"for it in range(tid, {mm}, {NT}):")
-        with e.indent():
-            e(f"qy = it // {m}", f"qx = it - qy * {m}", f"z = {zo} + it",
-              f"_s = S[z] + S[z + {mm}]", f"_m = S[z] - S[z + {mm}]",
-              f"_t = S[z + {2 * mm}] + S[z + {3 * mm}]",
-              f"_n = S[z + {2 * mm}] - S[z + {3 * mm}]",
-              f"t = {zp} + 2 * qy * {mp} + 2 * qx",
-              "S[t] += f05 * (_s + _t)")
-            col = f"if 2 * qx + 1 < {mp}:"
-            if 2 * m > mp:  # an odd band: its last row and column have no partner
-                e(col, "    S[t + 1] += f05 * (_s - _t)",
-                  f"if 2 * qy + 1 < {mp}:", f"    S[t + {mp}] += f05 * (_m + _n)",
-                  f"    {col}", f"        S[t + {mp + 1}] += f05 * (_m - _n)")
-            else:
-                e("S[t + 1] += f05 * (_s - _t)", f"S[t + {mp}] += f05 * (_m + _n)",
-                  f"S[t + {mp + 1}] += f05 * (_m - _n)")
+        zp = inner.z[i - 2] if i > 1 else geo.z[L - 1]
+        _emit_synthesis_into(e, NT, f"level {L + i} synthesis into level {L + i - 1}'s LL "
+                             "subband", inner.z[i - 1], zp, inner.sizes[i], inner.sizes[i - 1])
         e("cuda.syncthreads()")
 
 
 def _emit_tile_synthesis(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int) -> None:
     """Level ``j``'s synthesis added into level ``j - 1``'s LL band (``j >= 2``)."""
-    n, NT = spec.tile >> j, spec.threads
-    zo, zp = geo.z[j - 1], geo.z[j - 2]
-    m = 2 * n
-    e(f"# level {j} synthesis into level {j - 1}'s LL band",
-      f"for it in range(tid, {n * n}, {NT}):")
+    n = spec.tile >> j
+    _emit_synthesis_into(e, spec.threads, f"level {j} synthesis into level {j - 1}'s LL band",
+                         geo.z[j - 1], geo.z[j - 2], n, 2 * n)
+
+
+def _emit_synthesis_into(e: _Emitter, threads: int, title: str, zo: int, zp: int, m: int,
+                         mp: int) -> None:
+    """Add the synthesis of the four ``m x m`` subbands at ``zo`` into the ``mp x mp`` plane
+    at ``zp``; where ``mp`` is odd (``2 m > mp``) the last row and column have no partner
+    and their terms are dropped."""
+    mm = m * m
+    e(f"# {title}", f"for it in range(tid, {mm}, {threads}):")
     with e.indent():
-        e(f"qx = it % {n}", f"qy = it // {n}", f"z = {zo} + it",
-          f"_s = S[z] + S[z + {n * n}]", f"_m = S[z] - S[z + {n * n}]",
-          f"_t = S[z + {2 * n * n}] + S[z + {3 * n * n}]",
-          f"_n = S[z + {2 * n * n}] - S[z + {3 * n * n}]",
-          f"t = {zp} + 2 * qy * {m} + 2 * qx",
-          "S[t] += f05 * (_s + _t)", "S[t + 1] += f05 * (_s - _t)",
-          f"S[t + {m}] += f05 * (_m + _n)", f"S[t + {m + 1}] += f05 * (_m - _n)")
+        e(f"qy = it // {m}", f"qx = it - qy * {m}", f"z = {zo} + it",
+          f"_s = S[z] + S[z + {mm}]", f"_m = S[z] - S[z + {mm}]",
+          f"_t = S[z + {2 * mm}] + S[z + {3 * mm}]",
+          f"_n = S[z + {2 * mm}] - S[z + {3 * mm}]",
+          f"t = {zp} + 2 * qy * {mp} + 2 * qx",
+          "S[t] += f05 * (_s + _t)")
+        col = f"if 2 * qx + 1 < {mp}:"
+        if 2 * m > mp:
+            e(col, "    S[t + 1] += f05 * (_s - _t)",
+              f"if 2 * qy + 1 < {mp}:", f"    S[t + {mp}] += f05 * (_m + _n)",
+              f"    {col}", f"        S[t + {mp + 1}] += f05 * (_m - _n)")
+        else:
+            e("S[t + 1] += f05 * (_s - _t)", f"S[t + {mp}] += f05 * (_m + _n)",
+              f"S[t + {mp + 1}] += f05 * (_m - _n)")
 
 
 def _emit_tile_output(e: _Emitter, spec: TileSpec, geo: TileGeometry, out: str) -> None:
