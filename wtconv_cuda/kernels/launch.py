@@ -166,8 +166,9 @@ class Tuning(NamedTuple):
         A forward that would split with one tile per plane at level 2 or
         deeper runs the levels above the split inside the tile's block
         instead (``TileSpec.inner_levels``: one launch, no coarse pre-pass,
-        no work buffers; see :func:`plan_tiles`). None does so wherever the
-        block's buffer fits; False never.
+        no work buffers; see :func:`inner_tiles`). None does so where the
+        small-plane rule says (``SmallTileSplit.inner``: planes of 33 to 64
+        pixels) and the block's buffer fits; False never.
     """
 
     threads: int | None = None

@@ -30,6 +30,11 @@ the generated code carries no geometry table. The halo grows as ``2**L``:
 :func:`tile_geometry` reports the read amplification and the planner uses the
 tiles only where it stays small (:func:`wtconv_cuda.kernels.launch.plan_tiles`).
 
+Where one tile covers its plane, the forward may also run the levels above
+its own inside the block (``TileSpec.inner_levels``): the tile's LL band of
+its top level is then the whole plane's, and the block convolves and
+synthesises the coarser levels on it before step 3 (:class:`InnerGeometry`).
+
 The backward variant (stride 1) runs the same steps on ``dy`` with flipped
 taps and no bias, which writes ``dx``, then loads the tile of ``x`` and its LL
 chain into a second set of grids and sums every tap's correlation over the
