@@ -395,17 +395,18 @@ def test_stage_planes_and_precompile_specs():
     assert wn.stage_planes(64) == [16, 8, 4, 2]
     specs = wn._precompile_specs([(56, 5), (28, 4)], ["float32"])
     # forward and backward (with and without the fused finalize) of each plane, plus one
-    # finalize kernel, plus the split forward of each stage (one pre-pass kernel for
-    # both, the coarse problem's forward, the tiles), plus the weights-only backward of
-    # each plane (both finalize choices: large batches take dx from the forward kernels)
-    # and one wtconv_flip
+    # finalize kernel, plus the 56 x 56 forward on one tile with its coarse levels inside
+    # and the 28 x 28 split forward (the pre-pass, the coarse problem's forward, the
+    # tiles), plus the weights-only backward of each plane (both finalize choices: large
+    # batches take dx from the forward kernels) and one wtconv_flip
     from wtconv_cuda.kernels.codegen import FinalizeSpec
     from wtconv_cuda.kernels.coarse import CoarseSpec
     from wtconv_cuda.kernels.flip import FlipSpec
     from wtconv_cuda.kernels.tiles import TileSpec
-    assert len(specs) == 7 + 5 + 5 and len(set(specs)) == len(specs)
+    assert len(specs) == 7 + 4 + 5 and len(set(specs)) == len(specs)
     kinds = [type(s) for s in specs]
     assert kinds.count(CoarseSpec) == kinds.count(FlipSpec) == kinds.count(FinalizeSpec) == 1
-    assert sorted(s.tile for s in specs if isinstance(s, TileSpec)) == [32, 56]
+    tiles = sorted((s.tile, s.inner_levels) for s in specs if isinstance(s, TileSpec))
+    assert tiles == [(32, 0), (56, 3)]
     assert sum(getattr(s, "fused_finalize", False) for s in specs) == 4
     assert sum(getattr(s, "weights_only", False) for s in specs) == 4
