@@ -31,13 +31,15 @@ import numpy as np
 
 import cupy
 
-from wtconv_cuda._bench.core import CupyEventTimer, time_median
 from wtconv_cuda.kernels.compiler import distinct, parse_compute_capability
 from wtconv_cuda.kernels.launch import (
     CupyBackend, Problem, Tuning, Weights, _int64s, _run_coarse_in, plan_split, planned_specs,
     run_forward,
 )
 from wtconv_cuda.kernels.warmup import compile_all
+
+from tile_bench import random_inputs  # (benchmarks/ is the script's folder)
+from tune import median_ms
 
 CONFIGS = ["64x96x56x56:5", "64x192x28x28:4"]
 
@@ -62,20 +64,14 @@ def parse_tuning(text: str) -> Tuning:
     return Tuning(**fields)
 
 
-def random_weights(rng, channels: int, k: int, levels: int, zero_base: bool) -> Weights:
-    """float32 parameters; ``zero_base`` zeroes the base weight, bias and scale (coarse)."""
+def coarse_weights(rng, channels: int, k: int, levels: int) -> Weights:
+    """The coarse problem's float32 parameters as a split passes them: a zero base weight
+    and scale (standing in for the bias too), random level taps and scales."""
     def normal(*shape):
         return cupy.asarray(rng.standard_normal(shape, dtype=np.float32))
-    base = cupy.zeros((channels, k, k), cupy.float32) if zero_base else normal(channels, k, k)
-    scale = cupy.zeros(channels, cupy.float32) if zero_base else normal(channels)
-    return Weights(base, scale.copy(), scale, normal(levels, channels, 4, k, k),
-                   normal(levels, channels, 4))
-
-
-def median_ms(fn, rotations: int = 3) -> float:
-    """Median ms of ``fn(i)`` over 30 runs, ``i`` rotating over the inputs."""
-    timing = time_median(fn, [(i,) for i in range(rotations)], CupyEventTimer(cupy), 30, 3)
-    return timing.median_ms
+    scale = cupy.zeros(channels, cupy.float32)
+    return Weights(cupy.zeros((channels, k, k), cupy.float32), scale, scale,
+                   normal(levels, channels, 4, k, k), normal(levels, channels, 4))
 
 
 #: The split without the inner levels that replace it on planes one tile covers.
@@ -102,12 +98,8 @@ def stage_times(problem: Problem, whole_tunings: list, coarse_tunings: list, rng
     precompile(backend, problem, whole_tunings, coarse_tunings)
     split = plan_split(problem, backend.shared_limit, SPLIT)
     b, c, h, w = problem[:4]
-    dtype = {"float32": np.float32, "float16": np.float16}[problem.storage]
-    xs = [cupy.asarray(rng.standard_normal((b, c, h, w), dtype=np.float32).astype(dtype))
-          for _ in range(3)]
+    xs, weights = random_inputs(rng, problem)
     y = cupy.empty_like(xs[0])
-    weights = Weights(*(a.astype(dtype) for a in random_weights(rng, c, problem.kernel_size,
-                                                                problem.levels, False)))
     result = {"problem": list(problem), "split": split.split}
     result["whole"] = {}
     for text in whole_tunings:
@@ -131,7 +123,7 @@ def stage_times(problem: Problem, whole_tunings: list, coarse_tunings: list, rng
     pooled = [cupy.asarray(rng.standard_normal((q.batch, q.channels, q.height, q.width),
                                                dtype=np.float32)) for _ in range(3)]
     out = cupy.empty_like(pooled[0])
-    qweights = random_weights(rng, q.channels, q.kernel_size, q.levels, True)
+    qweights = coarse_weights(rng, q.channels, q.kernel_size, q.levels)
     result["coarse"] = {}
     for text in coarse_tunings:
         tuning = parse_tuning(text)

@@ -23,6 +23,7 @@ from wtconv_cuda.kernels.tiles import TileSpec, tile_geometry, tile_kernel_sourc
 
 from ..conftest import random_weights
 from ._backends import RecordingBackend
+from ._oracle import random_layer
 
 LIMIT = 227 * 1024 - 1024
 #: The split rules, without the forward's inner levels that replace some of them.
@@ -246,11 +247,7 @@ def test_inner_levels_match_oracle_and_the_split(rng, monkeypatch, shape, levels
     monkeypatch.setattr(launch, "plan_registers", lambda *args, **kwargs: None)
     dtype, tol = {"float32": (np.float32, 2e-6), "float16": (np.float16, 2e-3)}[storage]
     b, c, h, w = shape
-    x = rng.standard_normal(shape).astype(dtype)
-    wts = random_weights(rng, c, k, levels, bias=bias, dtype=dtype)
-    weights = Weights(wts.base_weight, wts.base_bias if bias else wts.base_scale,
-                      wts.base_scale, wts.wavelet_weight, wts.wavelet_scale)
-    problem = Problem(b, c, h, w, k, levels, 1, storage, bias)
+    x, wts, weights, problem = random_layer(rng, shape, levels, k, 1, storage, bias)
     tuning = Tuning(split=split, tile=tile, threads=threads, strip=2)
     backend = RecordingBackend()
     fine = plan_split(problem, backend.shared_limit, tuning).tiles
