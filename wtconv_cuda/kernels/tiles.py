@@ -726,11 +726,22 @@ def _emit_tile_singles(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int,
         e(f"S[{zo} + k * {n * n} + q] = acc")
 
 
-def _coarse_rounds(spec: TileSpec) -> int:
-    """Coarse values per thread: the top level's ``(TS / 2**L)**2`` coefficients over the
-    block's threads."""
-    n = spec.tile >> spec.levels
-    return -(-(n * n) // spec.threads)
+def _thread_rounds(count: int, threads: int) -> list:
+    """``(r, rest)`` for each round in which thread ``tid`` takes item ``tid + r * threads``
+    of ``count``: ``rest`` is None where every thread has one, else how many do (the
+    threads ``tid < rest``)."""
+    return [(r, None if (r + 1) * threads <= count else count - r * threads)
+            for r in range(-(-count // threads))]
+
+
+def _emit_round_stores(e: _Emitter, count: int, threads: int, store) -> None:
+    """``store(r)`` (a statement) for each of :func:`_thread_rounds`, guarded in a partial
+    round."""
+    for r, rest in _thread_rounds(count, threads):
+        if rest is None:
+            e(store(r))
+        else:
+            e(f"if tid < {rest}:", f"    {store(r)}")
 
 
 def _emit_coarse_loads(e: _Emitter, spec: TileSpec) -> None:
@@ -750,11 +761,11 @@ def _emit_coarse_loads(e: _Emitter, spec: TileSpec) -> None:
     e(f"# the coarse levels' synthesis at level {L}'s coefficients, loaded early",
       "cbase = plane * Hc * Wc", f"cy0 = oy >> {L}", f"cx0 = ox >> {L}",
       "fneg0 = float32(-0.0)")
-    for r in range(_coarse_rounds(spec)):
+    for r, rest in _thread_rounds(n * n, NT):
         e(f"ci = tid + {r * NT}", f"cqy = ci // {n}", "cgy = cy0 + cqy",
           f"cgx = cx0 + ci - cqy * {n}")
         inside = "cgy < Hc and cgx < Wc"
-        if (r + 1) * NT > n * n:
+        if rest is not None:
             inside = f"ci < {n * n} and {inside}"
         e(f"cv{r} = coarse[cbase + cgy * Wc + cgx] if {inside} else fneg0")
 
@@ -767,12 +778,7 @@ def _emit_coarse_stores(e: _Emitter, spec: TileSpec, geo: TileGeometry) -> None:
     """
     L, NT = spec.levels, spec.threads
     n = spec.tile >> L
-    for r in range(_coarse_rounds(spec)):
-        store = f"S[{geo.z[L - 1]} + tid + {r * NT}] = cv{r}"
-        if (r + 1) * NT > n * n:
-            e(f"if tid < {n * n - r * NT}:", f"    {store}")
-        else:
-            e(store)
+    _emit_round_stores(e, n * n, NT, lambda r: f"S[{geo.z[L - 1]} + tid + {r * NT}] = cv{r}")
 
 
 def _emit_inner_blocks(e: _Emitter, spec: TileSpec, geo: TileGeometry, i: int) -> None:
@@ -837,10 +843,10 @@ def _emit_inner_tap_loads(e: _Emitter, spec: TileSpec, geo: TileGeometry) -> Non
     K2, n = K * K, len(geo.inner.blocks) * 4 * K * K
     ld = lambda x: _load(spec.storage, x)  # noqa: E731
     e("# the inner levels' scales and taps, loaded early (stored after this phase)")
-    for r in range(-(-n // NT)):
+    for r, rest in _thread_rounds(n, NT):
         e(f"t = tid + {r * NT}", f"jk = t // {K2}",
           f"wq = ({L} + (jk >> 2)) * C * 4 + c * 4 + (jk & 3)")
-        if (r + 1) * NT > n:
+        if rest is not None:
             e(f"tws{r} = {ld('ws[wq]')} if t < {n} else fz",
               f"tww{r} = {ld(f'ww[wq * {K2} + t - jk * {K2}]')} if t < {n} else fz")
         else:
@@ -864,12 +870,8 @@ def _emit_inner_levels(e: _Emitter, spec: TileSpec, geo: TileGeometry) -> None:
     Li = len(inner.blocks)
     e(f"# ---- levels {L + 1}..{L + Li} in the block, on the plane's LL band of level {L} ----",
       "# their folded taps, from the values loaded during level {L}".format(L=L))
-    for r in range(-(-Li * 4 * K2 // NT)):
-        store = f"S[{inner.taps} + tid + {r * NT}] = f05 * (tws{r} * tww{r})"
-        if (r + 1) * NT > Li * 4 * K2:
-            e(f"if tid < {Li * 4 * K2 - r * NT}:", f"    {store}")
-        else:
-            e(store)
+    _emit_round_stores(e, Li * 4 * K2, NT,
+                       lambda r: f"S[{inner.taps} + tid + {r * NT}] = f05 * (tws{r} * tww{r})")
     e("cuda.syncthreads()")
     for i in range(1, Li + 1):
         m, n = inner.sizes[i], inner.blocks[i - 1]
