@@ -19,7 +19,7 @@ from wtconv_cuda.kernels.launch import (
     SPLIT_FINE_LEVELS, Problem, Tuning, Weights, plan_split, plan_tiles, planned_specs,
     run_backward, run_forward, work_buffers,
 )
-from wtconv_cuda.kernels.tiles import TileSpec, tile_geometry, tile_kernel_source
+from wtconv_cuda.kernels.tiles import TileSpec, spec_geometry, tile_geometry, tile_kernel_source
 
 from ..conftest import random_weights
 from ._backends import RecordingBackend
@@ -99,7 +99,10 @@ def test_planner_splits_deep_levels_on_large_planes():
     tiles or the split off."""
     plan = plan_split(Problem(8, 64, 512, 512, 5, 5, 1, "float32", True), LIMIT)
     assert plan.split == SPLIT_FINE_LEVELS == 2
-    assert plan.tiles.spec == TileSpec(5, "float32", 2, 64, 128, 4, 128, coarse=True)
+    # grid 1's pitch widens from 20 to 24 words: level 2's two strip rows per warp
+    # then read different banks (launch.bank_pitched)
+    assert plan.tiles.spec == TileSpec(5, "float32", 2, 64, 128, 4, 128, coarse=True,
+                                       pitches=(40, 24))
     assert plan.coarse == Problem(8, 64, 128, 128, 5, 3, 1, "float32", False)
     assert plan.coarse_in == CoarseSpec("float32", 2)
     assert plan_split(Problem(8, 64, 512, 512, 9, 5, 1, "bfloat16", True), LIMIT).split == 2
@@ -253,7 +256,7 @@ def test_inner_levels_match_oracle_and_the_split(rng, monkeypatch, shape, levels
     fine = plan_split(problem, backend.shared_limit, tuning).tiles
     assert fine.ntiles == 1
     spec = fine.spec._replace(coarse=False, inner_levels=levels - split)
-    floats = tile_geometry(k, split, tile, False, threads, levels - split).floats
+    floats = spec_geometry(spec).floats
     y = np.full(shape, np.nan, dtype)
     backend.call(backend.kernel(spec), fine.grid, fine.block,
                  (x, y, *weights, h, w, c, int(bias), 1, 1), 4 * floats)

@@ -101,6 +101,14 @@ class TileSpec(NamedTuple):
         (:mod:`.coarse`): the kernel takes its float32 output ``r`` of
         ``(B, C, Hc, Wc)`` values and adds it to the top level's convolved
         LL subband before the synthesis.
+    inner_levels : int
+        Forward only: levels run above ``levels`` inside the block (see
+        :class:`InnerGeometry`).
+    pitches : tuple of int
+        Forward only: the row pitch of each grid's phase planes, one per grid
+        (``max(L, 1)`` entries), each at least the grid's ``N_i / 2``; empty
+        for the natural pitches. A wider pitch moves the rows a warp reads
+        at once to other banks (see :func:`bank_pitch`).
     """
 
     kernel_size: int
@@ -114,6 +122,7 @@ class TileSpec(NamedTuple):
     backward: bool = False
     coarse: bool = False
     inner_levels: int = 0
+    pitches: tuple = ()
 
 
 class InnerGeometry(NamedTuple):
@@ -177,6 +186,8 @@ class TileGeometry(NamedTuple):
     inner : InnerGeometry or None
         Forward with inner levels only (else None): their grids, subbands and
         taps (see :func:`inner_geometry`).
+    pitches : tuple of int
+        Row pitch of each grid's phase planes (empty: ``N_i / 2``).
     """
 
     halos: tuple
@@ -188,6 +199,7 @@ class TileGeometry(NamedTuple):
     xgrids: tuple = ()
     reduce: int = 0
     inner: InnerGeometry | None = None
+    pitches: tuple = ()
 
     @property
     def read_amplification(self) -> float:
@@ -197,23 +209,120 @@ class TileGeometry(NamedTuple):
 
     def phase(self, i: int) -> int:
         """Offset between the phase planes of grid ``i`` (see :func:`phase_stride`)."""
-        return phase_stride(self.edges[i])
+        return phase_stride(self.edges[i], self.pitch(i))
 
     def pitch(self, i: int) -> int:
         """Row pitch of grid ``i``'s phase planes."""
-        return self.edges[i] // 2
+        return self.pitches[i] if self.pitches else self.edges[i] // 2
 
 
-def phase_stride(edge: int) -> int:
+def phase_stride(edge: int, pitch: int = 0) -> int:
     """Offset between consecutive phase planes of a grid of edge ``edge``.
 
-    A plane holds ``(edge / 2)**2`` values; the stride is the next number
-    that is 16 modulo 32, so a warp whose lanes take consecutive columns of
-    one row (even columns in plane 0, odd ones in plane 1) touches 32
-    different banks.
+    A plane holds ``edge / 2`` rows of ``pitch`` values (default ``edge /
+    2``); the stride is the next number that is 16 modulo 32, so a warp whose
+    lanes take consecutive columns of one row (even columns in plane 0, odd
+    ones in plane 1) touches 32 different banks.
     """
-    size = (edge // 2) ** 2
+    size = (edge // 2) * (pitch or edge // 2)
     return size + (16 - size) % 32
+
+
+def strip_wavefronts(n: int, rows: int, pitch: int, threads: int) -> float:
+    """Shared-memory wavefronts per warp-wide read of a strip phase (1: no bank conflict).
+
+    The phase's items are :func:`item_row`-padded rows of ``n`` coefficient
+    columns, strips of ``rows`` coefficient rows; every read of item
+    ``(qx, qy0)`` is at word ``qy0 * pitch + qx`` plus an offset common to
+    the warp. A warp whose lanes span two or more strip rows reads them in
+    one wavefront only where the rows land on different banks.
+
+    Parameters
+    ----------
+    n : int
+        Coefficients per row.
+    rows : int
+        Coefficient rows per item (``Q``, dividing ``n``).
+    pitch : int
+        Words between consecutive coefficient rows of the grid read.
+    threads : int
+        Threads per block (a multiple of 32).
+
+    Returns
+    -------
+    float
+        Mean over the phase's warps of the most distinct words any one bank
+        is asked for.
+    """
+    row = item_row(n)
+    items = (n // rows) * row
+    counts = []
+    for first in range(0, items, 32):
+        banks: dict = {}
+        for it in range(first, min(first + 32, items)):
+            qx, qy0 = it % row, (it // row) * rows
+            if qx < n:
+                word = qy0 * pitch + qx
+                banks.setdefault(word % 32, set()).add(word)
+        if banks:
+            counts.append(max(len(words) for words in banks.values()))
+    return sum(counts) / len(counts)
+
+
+def grid_readers(spec: TileSpec) -> tuple:
+    """The strip phases that read each grid of a forward tile: ``(n, Q)`` per phase.
+
+    Grid ``i`` is read by level ``i + 1``'s analysis where it runs in strips
+    (:func:`analysis_plan`), grid 0 also by the output phase (``n = TS / 2``,
+    ``Q = spec.strip``).
+
+    Parameters
+    ----------
+    spec : TileSpec
+
+    Returns
+    -------
+    tuple of tuple
+        One entry per grid (``max(L, 1)``), each a tuple of ``(n, Q)``.
+    """
+    K, TS, NT = spec.kernel_size, spec.tile, spec.threads
+    readers = []
+    for i in range(max(spec.levels, 1)):
+        mine = []
+        if i < spec.levels:
+            Q = analysis_plan(K, TS >> (i + 1), NT, spec.analysis_strip)
+            if Q:
+                mine.append((TS >> (i + 1), Q))
+        if i == 0:
+            mine.append((TS // 2, spec.strip))
+        readers.append(tuple(mine))
+    return tuple(readers)
+
+
+def bank_pitch(edge: int, readers: tuple, threads: int) -> int:
+    """The narrowest row pitch at which a grid's strip readers conflict least.
+
+    Parameters
+    ----------
+    edge : int
+        The grid's edge ``N_i`` (its natural pitch is ``N_i / 2``).
+    readers : tuple of (int, int)
+        ``(n, Q)`` of each strip phase that reads the grid (:func:`grid_readers`).
+    threads : int
+        Threads per block.
+
+    Returns
+    -------
+    int
+        A pitch from ``N_i / 2`` to ``N_i / 2 + 31`` with the least summed
+        :func:`strip_wavefronts` over the readers (the narrowest on a tie).
+    """
+    natural = edge // 2
+
+    def cost(pitch):
+        return sum(strip_wavefronts(n, q, pitch, threads) for n, q in readers)
+
+    return min(range(natural, natural + 32), key=lambda p: (cost(p), p))
 
 
 def correlation_chunks(kernel_size: int, lines: int, threads: int) -> int:
@@ -296,7 +405,7 @@ def inner_geometry(kernel_size: int, levels: int, tile: int, inner_levels: int,
 
 
 def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = False,
-                  threads: int = 128, inner_levels: int = 0) -> TileGeometry:
+                  threads: int = 128, inner_levels: int = 0, pitches: tuple = ()) -> TileGeometry:
     """Halos, grid sizes and buffer offsets of a tile (see :class:`TileGeometry`).
 
     Parameters
@@ -314,6 +423,9 @@ def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = Fal
     inner_levels : int, default 0
         Forward only: levels run above ``L`` inside the block
         (:attr:`TileSpec.inner_levels`; needs ``L >= 2``).
+    pitches : tuple of int, default ()
+        Forward only: the grids' row pitches (:attr:`TileSpec.pitches`);
+        empty for the natural ``N_i / 2``.
 
     Returns
     -------
@@ -322,8 +434,9 @@ def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = Fal
     Raises
     ------
     ValueError
-        ``tile`` is not a positive multiple of ``2**max(L, 1)``, or inner
-        levels with a backward or fewer than two levels.
+        ``tile`` is not a positive multiple of ``2**max(L, 1)``; inner
+        levels with a backward or fewer than two levels; pitches with a
+        backward, of the wrong count, or narrower than a grid's ``N_i / 2``.
     """
     K, L, TS = kernel_size, levels, tile
     if TS <= 0 or TS % 2 ** max(L, 1):
@@ -335,11 +448,19 @@ def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = Fal
     else:
         halos = tuple(2 * P * 2 ** (L - 1 - i) for i in range(L))
     edges = tuple((TS >> i) + 2 * h for i, h in enumerate(halos))
+    if pitches:
+        if backward or len(pitches) != len(edges) or any(
+                p < n // 2 for p, n in zip(pitches, edges)):
+            raise ValueError(f"pitches must be a forward tile's {len(edges)} row pitches of at "
+                             f"least {tuple(n // 2 for n in edges)}, got {pitches}")
+    else:
+        pitches = tuple(n // 2 for n in edges)
+    pitches = tuple(pitches)
     ntaps = K * K + 4 * K * K * L + 1
     offset, grids = ntaps, []
-    for n in edges:
+    for n, pitch in zip(edges, pitches):
         grids.append(offset)
-        offset += 4 * phase_stride(n)
+        offset += 4 * phase_stride(n, pitch)
     z = []
     for j in range(1, L + 1):
         z.append(offset)
@@ -347,19 +468,36 @@ def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = Fal
     if inner_levels:
         if backward or L < 2:
             raise ValueError("inner levels need a forward tile with at least two levels")
-        dead = (grids[L - 1], 4 * phase_stride(edges[L - 1]))
+        dead = (grids[L - 1], 4 * phase_stride(edges[L - 1], pitches[L - 1]))
         inner, offset = inner_geometry(K, L, TS, inner_levels, (dead, offset))
-        return TileGeometry(halos, edges, tuple(grids), tuple(z), ntaps, offset, inner=inner)
+        return TileGeometry(halos, edges, tuple(grids), tuple(z), ntaps, offset, inner=inner,
+                            pitches=pitches)
     if not backward:
-        return TileGeometry(halos, edges, tuple(grids), tuple(z), ntaps, offset)
+        return TileGeometry(halos, edges, tuple(grids), tuple(z), ntaps, offset,
+                            pitches=pitches)
     xgrids = []
-    for n in edges:
+    for n, pitch in zip(edges, pitches):
         xgrids.append(offset)
-        offset += 4 * phase_stride(n)
+        offset += 4 * phase_stride(n, pitch)
     reduce = offset
     offset += reduce_floats(K, L, TS, threads)
     return TileGeometry(halos, edges, tuple(grids), tuple(z), ntaps, offset, tuple(xgrids),
-                        reduce)
+                        reduce, pitches=pitches)
+
+
+def spec_geometry(spec: TileSpec) -> TileGeometry:
+    """:func:`tile_geometry` of a kernel variant.
+
+    Parameters
+    ----------
+    spec : TileSpec
+
+    Returns
+    -------
+    TileGeometry
+    """
+    return tile_geometry(spec.kernel_size, spec.levels, spec.tile, spec.backward, spec.threads,
+                         spec.inner_levels, spec.pitches)
 
 
 def output_strip(tile: int, most: int = 4) -> int:
@@ -499,7 +637,7 @@ def tile_kernel_source(spec: TileSpec) -> str:
     if spec.inner_levels < 0 or (spec.inner_levels and (spec.backward or spec.coarse or L < 2)):
         raise ValueError("inner_levels needs a forward tile with at least two levels and no "
                          f"coarse pre-pass, got {spec}")
-    geo = tile_geometry(K, L, TS, spec.backward, NT, spec.inner_levels)
+    geo = spec_geometry(spec)
     if Q < 1 or (TS // 2) % Q:
         raise ValueError(f"strip must divide the level-1 tile edge {TS // 2}, got {Q}")
     if NT < 32 or NT % 32:
