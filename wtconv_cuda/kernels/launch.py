@@ -560,14 +560,16 @@ def bank_pitched(spec: TileSpec, shared_limit: int, tuning: Tuning = Tuning()) -
 
     A strip phase whose warp spans two or more coefficient rows reads them
     in one wavefront only where their words lie in different banks, which
-    depends on the grid's row pitch (:func:`~wtconv_cuda.kernels.tiles.strip_wavefronts`).
-    Grid by grid from grid 0, a grid takes the pitch at which its readers
-    conflict least (:func:`~wtconv_cuda.kernels.tiles.bank_pitch`) where the
-    wider buffer still fits a multiprocessor as many times as the narrow one
-    or as `TILE_REGISTERS` allow, whichever is fewer. On the 28 x 28 ConvNeXt-T
+    depends on the grid's row pitch and on which strip rows a warp takes
+    (:func:`~wtconv_cuda.kernels.tiles.strip_order`). Grid by grid from grid
+    0, a grid takes the pitch at which its readers conflict least
+    (:func:`~wtconv_cuda.kernels.tiles.bank_pitch`) where the wider buffer
+    still fits a multiprocessor as many times as the narrow one or as
+    `TILE_REGISTERS` allow, whichever is fewer. On the 28 x 28 ConvNeXt-T
     stage's 32-pixel tile (64 threads), grid 0's level-1 and output phases
-    and grid 1's level-2 phase each read two rows per bank at the natural
-    pitches (24 and 12 words); 28 and 24 words clear them.
+    read two rows per bank at the natural pitch, 24 words, whichever strip
+    rows a warp takes (``4 * 24`` is a multiple of 32); at 26 words, strip
+    rows two apart lie 16 banks apart.
 
     Parameters
     ----------

@@ -228,14 +228,55 @@ def phase_stride(edge: int, pitch: int = 0) -> int:
     return size + (16 - size) % 32
 
 
-def strip_wavefronts(n: int, rows: int, pitch: int, threads: int) -> float:
-    """Shared-memory wavefronts per warp-wide read of a strip phase (1: no bank conflict).
+class StripOrder(NamedTuple):
+    """Which strip row each row of items of a strip phase takes.
 
     The phase's items are :func:`item_row`-padded rows of ``n`` coefficient
-    columns, strips of ``rows`` coefficient rows; every read of item
-    ``(qx, qy0)`` is at word ``qy0 * pitch + qx`` plus an offset common to
-    the warp. A warp whose lanes span two or more strip rows reads them in
-    one wavefront only where the rows land on different banks.
+    columns (``row`` items each), ``per_warp`` of them to a warp. In the
+    natural order item row ``s`` takes strip row ``s``. With ``stride`` above
+    1, blocks of ``per_warp * stride`` item rows are dealt so that a warp's
+    item rows are ``stride`` strip rows apart (:meth:`strip_row`), which moves
+    them to other banks when consecutive strip rows share them; item rows
+    past the last strip row are idle.
+
+    Attributes
+    ----------
+    row : int
+        Items per row (:func:`item_row`).
+    per_warp : int
+        Item rows per warp (1 where a row fills a warp).
+    stride : int
+        Strip rows between a warp's item rows.
+    slots : int
+        Item rows, idle ones included.
+    """
+
+    row: int
+    per_warp: int
+    stride: int
+    slots: int
+
+    def strip_row(self, slot: int) -> int:
+        """The strip row item row ``slot`` takes (past the last: idle)."""
+        span = self.per_warp * self.stride
+        block, rest = divmod(slot, span)
+        return block * span + (rest % self.per_warp) * self.stride + rest // self.per_warp
+
+
+def _strip_order(n: int, rows: int, stride: int) -> StripOrder:
+    row = item_row(n)
+    per_warp = max(1, 32 // row)
+    strips, span = n // rows, per_warp * stride
+    return StripOrder(row, per_warp, stride, strips if stride == 1 else -(-strips // span) * span)
+
+
+def strip_wavefronts(n: int, rows: int, pitch: int, threads: int, stride: int = 1) -> float:
+    """Shared-memory wavefronts per warp-wide read of a strip phase (1: no bank conflict).
+
+    Every read of item ``(qx, qy0)`` is at word ``qy0 * pitch + qx`` plus an
+    offset common to the warp. A warp whose lanes span two or more strip
+    rows reads them in one wavefront only where the rows land on different
+    banks.
 
     Parameters
     ----------
@@ -247,26 +288,57 @@ def strip_wavefronts(n: int, rows: int, pitch: int, threads: int) -> float:
         Words between consecutive coefficient rows of the grid read.
     threads : int
         Threads per block (a multiple of 32).
+    stride : int, default 1
+        Strip rows between a warp's item rows (:class:`StripOrder`).
 
     Returns
     -------
     float
-        Mean over the phase's warps of the most distinct words any one bank
-        is asked for.
+        Mean over the phase's busy warps of the most distinct words any one
+        bank is asked for.
     """
-    row = item_row(n)
-    items = (n // rows) * row
+    order = _strip_order(n, rows, stride)
     counts = []
-    for first in range(0, items, 32):
+    for first in range(0, order.slots * order.row, 32):
         banks: dict = {}
-        for it in range(first, min(first + 32, items)):
-            qx, qy0 = it % row, (it // row) * rows
-            if qx < n:
+        for it in range(first, first + 32):
+            qx, qy0 = it % order.row, order.strip_row(it // order.row) * rows
+            if qx < n and qy0 < n:
                 word = qy0 * pitch + qx
                 banks.setdefault(word % 32, set()).add(word)
         if banks:
             counts.append(max(len(words) for words in banks.values()))
     return sum(counts) / len(counts)
+
+
+def strip_order(n: int, rows: int, pitch: int, threads: int) -> StripOrder:
+    """The order of a strip phase's item rows that conflicts least, in no more rounds.
+
+    Parameters
+    ----------
+    n, rows, pitch, threads : int
+        As in :func:`strip_wavefronts`.
+
+    Returns
+    -------
+    StripOrder
+        The stride with the fewest :func:`strip_wavefronts` among those whose
+        items take no more rounds of ``threads`` than the natural order's
+        (the smallest on a tie).
+    """
+    natural = _strip_order(n, rows, 1)
+    if natural.per_warp == 1:
+        return natural
+    rounds = -(-natural.slots * natural.row // threads)
+    best = min((stride for stride in range(1, n // rows + 1)
+                if -(-_strip_order(n, rows, stride).slots * natural.row // threads) <= rounds),
+               key=lambda stride: (strip_wavefronts(n, rows, pitch, threads, stride), stride))
+    return _strip_order(n, rows, best)
+
+
+def phase_wavefronts(n: int, rows: int, pitch: int, threads: int) -> float:
+    """:func:`strip_wavefronts` of a strip phase in its :func:`strip_order`."""
+    return strip_wavefronts(n, rows, pitch, threads, strip_order(n, rows, pitch, threads).stride)
 
 
 def grid_readers(spec: TileSpec) -> tuple:
@@ -315,12 +387,12 @@ def bank_pitch(edge: int, readers: tuple, threads: int) -> int:
     -------
     int
         A pitch from ``N_i / 2`` to ``N_i / 2 + 31`` with the least summed
-        :func:`strip_wavefronts` over the readers (the narrowest on a tie).
+        :func:`phase_wavefronts` over the readers (the narrowest on a tie).
     """
     natural = edge // 2
 
     def cost(pitch):
-        return sum(strip_wavefronts(n, q, pitch, threads) for n, q in readers)
+        return sum(phase_wavefronts(n, q, pitch, threads) for n, q in readers)
 
     return min(range(natural, natural + 32), key=lambda p: (cost(p), p))
 
@@ -547,15 +619,28 @@ def item_row(coefficients: int) -> int:
 
 
 @contextmanager
-def _strip_items(e: _Emitter, n: int, Q: int, threads: int):
+def _strip_items(e: _Emitter, n: int, Q: int, threads: int, pitch: int):
     """``for it in ...:`` over the items of ``Q``-row strips of an ``n x n`` grid, rows
-    padded by :func:`item_row`; the body sees ``qx`` and ``qy0`` and skips padding items."""
-    row = item_row(n)
-    e(f"for it in range(tid, {(n // Q) * row}, {threads}):")
+    padded by :func:`item_row` and dealt in the :func:`strip_order` of a grid of row
+    pitch ``pitch``; the body sees ``qx`` and ``qy0`` and skips idle items."""
+    order = strip_order(n, Q, pitch, threads)
+    row, per_warp, stride = order.row, order.per_warp, order.stride
+    e(f"for it in range(tid, {order.slots * row}, {threads}):")
     with e.indent():
-        e(f"qx = it % {row}", f"qy0 = (it // {row}) * {Q}")
-        if row != n:
-            e(f"if qx >= {n}:", "    continue")
+        e(f"qx = it % {row}")
+        if stride == 1:
+            e(f"qy0 = (it // {row}) * {Q}")
+        else:
+            span = per_warp * stride
+            e(f"# item rows {stride} strip rows apart in a warp: other banks",
+              f"slot = it // {row}", f"first = slot - slot % {span}",
+              f"qy0 = (first + (slot % {per_warp}) * {stride} + (slot - first) // {per_warp})"
+              f" * {Q}")
+        idle = [f"qx >= {n}"] if row != n else []
+        if order.slots > n // Q:
+            idle.append(f"qy0 >= {n}")
+        if idle:
+            e(f"if {' or '.join(idle)}:", "    continue")
         yield
 
 
@@ -810,7 +895,7 @@ def _emit_tile_strips(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int, Q:
     K, NT, K2 = spec.kernel_size, spec.threads, spec.kernel_size ** 2
     n, off, src, ph, pitch, zo, wb = _level_layout(spec, geo, j)
     e(f"# level {j}: {n} x {n} coefficients, strips of {Q} rows")
-    with _strip_items(e, n, Q, NT):
+    with _strip_items(e, n, Q, NT, pitch):
         e(f"base = {src} + (qy0 + {off}) * {pitch} + qx + {off}")
         for k in range(4):
             e(", ".join(f"acc{k}_{i}" for i in range(Q)) + " = "
@@ -1082,7 +1167,7 @@ def _emit_tile_output(e: _Emitter, spec: TileSpec, geo: TileGeometry, out: str) 
     bias = K * K + 4 * K * K * L
     e("# output: base convolution + level-1 synthesis + bias",
       f"bias = S[{bias}]", "obase = plane * H * W")
-    with _strip_items(e, n1, Q, NT):
+    with _strip_items(e, n1, Q, NT, pitch0):
         e(f"rowbase = {geo.grids[0]} + (qy0 + {H0 // 2}) * {pitch0} + qx + {H0 // 2}")
         e(", ".join(f"acc{o}_{ex}" for o in rows for ex in (0, 1)) + " = "
           + ", ".join("fz" for _ in rows for _ in (0, 1)))
