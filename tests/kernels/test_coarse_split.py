@@ -19,7 +19,7 @@ from wtconv_cuda.kernels.launch import (
     SPLIT_FINE_LEVELS, Problem, Tuning, Weights, plan_split, plan_tiles, planned_specs,
     run_backward, run_forward, work_buffers,
 )
-from wtconv_cuda.kernels.tiles import TileSpec, spec_geometry, tile_geometry, tile_kernel_source
+from wtconv_cuda.kernels.tiles import TileSpec, tile_geometry, tile_kernel_source
 
 from ..conftest import random_weights
 from ._backends import RecordingBackend
@@ -253,7 +253,7 @@ def test_inner_levels_match_oracle_and_the_split(rng, monkeypatch, shape, levels
     fine = plan_split(problem, backend.shared_limit, tuning).tiles
     assert fine.ntiles == 1
     spec = fine.spec._replace(coarse=False, inner_levels=levels - split)
-    floats = spec_geometry(spec).floats
+    floats = tile_geometry(k, split, tile, False, threads, levels - split).floats
     y = np.full(shape, np.nan, dtype)
     backend.call(backend.kernel(spec), fine.grid, fine.block,
                  (x, y, *weights, h, w, c, int(bias), 1, 1), 4 * floats)

@@ -25,8 +25,7 @@ from .codegen import FinalizeSpec, PlaneSpec
 from .flip import FLIP_THREADS, FlipSpec
 from .registers import MAX_PIXELS as REGISTER_MAX_PIXELS, RegisterSpec
 from .registers import shared_bytes as register_shared_bytes
-from .tiles import (TileSpec, bank_pitch, grid_readers, output_strip, spec_geometry,
-                    tile_geometry)
+from .tiles import TileSpec, output_strip, tile_geometry
 from .driver import driver_launch
 from .layout import HEADER_FIELDS, plane_layout, with_problem
 
@@ -170,11 +169,6 @@ class Tuning(NamedTuple):
         no work buffers; see :func:`inner_tiles`). None does so where the
         small-plane rule says (``SmallTileSplit.inner``: planes of 33 to 64
         pixels) and the block's buffer fits; False never.
-    bank_pitch : bool or None
-        Forward tiles: widen the row pitch of the grids whose strip phases
-        read two rows in one bank (``TileSpec.pitches``, see
-        :func:`bank_pitched`). None where the wider buffer keeps the blocks
-        per multiprocessor; True wherever it fits; False never.
     """
 
     threads: int | None = None
@@ -191,7 +185,6 @@ class Tuning(NamedTuple):
     dx_forward: bool | None = None
     dx_batch: int | None = None
     inner: bool | None = None
-    bank_pitch: bool | None = None
 
 
 #: Bytes per element of each storage dtype.
@@ -525,88 +518,6 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
                   header, rb, units, upart, dims)
 
 
-#: Registers per thread the planner assumes of a forward tile when it weighs a
-#: larger buffer against the blocks a multiprocessor holds (ptxas: 89-95 at K 5,
-#: allocated in steps of 8).
-TILE_REGISTERS = 96
-#: Registers of a multiprocessor.
-SM_REGISTERS = 65536
-#: Shared memory of a multiprocessor beyond one block's ``shared_limit`` (an
-#: H100 or H200 has 228 KB; a block may opt in to 227 KB, and the planner's
-#: limit keeps 1 KB of that back), and what each resident block reserves.
-SM_SHARED_EXTRA = 2048
-BLOCK_SHARED_RESERVED = 1024
-
-
-def blocks_by_shared(shared_bytes: int, shared_limit: int) -> int:
-    """Blocks of ``shared_bytes`` of dynamic shared memory one multiprocessor holds.
-
-    Parameters
-    ----------
-    shared_bytes : int
-        Dynamic shared memory of one block.
-    shared_limit : int
-        The planner's per-block limit (``MaxSharedMemoryPerBlockOptin - 1024``).
-
-    Returns
-    -------
-    int
-    """
-    return (shared_limit + SM_SHARED_EXTRA) // (shared_bytes + BLOCK_SHARED_RESERVED)
-
-
-def bank_pitched(spec: TileSpec, shared_limit: int, tuning: Tuning = Tuning()) -> TileSpec:
-    """A forward tile with the grid pitches that keep its strip phases off shared bank conflicts.
-
-    A strip phase whose warp spans two or more coefficient rows reads them
-    in one wavefront only where their words lie in different banks, which
-    depends on the grid's row pitch and on which strip rows a warp takes
-    (:func:`~wtconv_cuda.kernels.tiles.strip_order`). Grid by grid from grid
-    0, a grid takes the pitch at which its readers conflict least
-    (:func:`~wtconv_cuda.kernels.tiles.bank_pitch`) where the wider buffer
-    still fits a multiprocessor as many times as the narrow one or as
-    `TILE_REGISTERS` allow, whichever is fewer. On the 28 x 28 ConvNeXt-T
-    stage's 32-pixel tile (64 threads), grid 0's level-1 and output phases
-    read two rows per bank at the natural pitch, 24 words, whichever strip
-    rows a warp takes (``4 * 24`` is a multiple of 32); at 26 words, strip
-    rows two apart lie 16 banks apart.
-
-    Parameters
-    ----------
-    spec : TileSpec
-        A tile variant with natural pitches.
-    shared_limit : int
-        Bytes of dynamic shared memory a block may use.
-    tuning : Tuning, optional
-        ``bank_pitch`` True widens every grid that gains while the buffer fits
-        ``shared_limit``, False none.
-
-    Returns
-    -------
-    TileSpec
-        ``spec``, with ``pitches`` set where a grid is widened.
-    """
-    if spec.backward or tuning.bank_pitch is False:
-        return spec
-    natural = spec_geometry(spec._replace(pitches=()))
-    pitches = [natural.pitch(i) for i in range(len(natural.edges))]
-    target = min(blocks_by_shared(4 * natural.floats, shared_limit),
-                 SM_REGISTERS // (TILE_REGISTERS * spec.threads))
-    for i, readers in enumerate(grid_readers(spec)):
-        wide = bank_pitch(natural.edges[i], readers, spec.threads) if readers else pitches[i]
-        if wide == pitches[i]:
-            continue
-        trial = pitches[:i] + [wide] + pitches[i + 1:]
-        shared_bytes = 4 * spec_geometry(spec._replace(pitches=tuple(trial))).floats
-        if shared_bytes > shared_limit:
-            continue
-        if tuning.bank_pitch or blocks_by_shared(shared_bytes, shared_limit) >= target:
-            pitches = trial
-    if pitches == [natural.pitch(i) for i in range(len(natural.edges))]:
-        return spec._replace(pitches=())
-    return spec._replace(pitches=tuple(pitches))
-
-
 #: Tile kernel defaults: output tile edge and threads per block.
 TILE_EDGE = 64
 TILE_THREADS = 128
@@ -808,11 +719,11 @@ def inner_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning()):
     c, fine = small
     if c < 2 or fine.ntiles != 1:
         return None
-    spec = fine.spec._replace(inner_levels=p.levels - c, pitches=())
-    if 4 * spec_geometry(spec).floats > shared_limit:
+    spec = fine.spec._replace(inner_levels=p.levels - c)
+    geo = tile_geometry(p.kernel_size, c, spec.tile, False, spec.threads, spec.inner_levels)
+    if 4 * geo.floats > shared_limit:
         return None
-    spec = bank_pitched(spec, shared_limit, tuning)
-    return fine._replace(spec=spec, shared_bytes=4 * spec_geometry(spec).floats)
+    return fine._replace(spec=spec, shared_bytes=4 * geo.floats)
 
 
 def whole_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
@@ -885,8 +796,7 @@ def whole_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
     ntiles = tiles_x * tiles_y
     grid = p.batch * p.channels * ntiles
     if not backward:
-        spec = bank_pitched(spec, shared_limit, tuning)
-        return TileLaunch(spec, grid, threads, 4 * spec_geometry(spec).floats, tiles_x, ntiles)
+        return TileLaunch(spec, grid, threads, shared_bytes, tiles_x, ntiles)
     ntaps = p.kernel_size ** 2 * (1 + 4 * p.levels) + 1
     dims = np.array([p.batch, p.channels, p.levels, int(p.has_bias), p.batch * ntiles],
                     dtype=np.int64)

@@ -104,11 +104,6 @@ class TileSpec(NamedTuple):
     inner_levels : int
         Forward only: levels run above ``levels`` inside the block (see
         :class:`InnerGeometry`).
-    pitches : tuple of int
-        Forward only: the row pitch of each grid's phase planes, one per grid
-        (``max(L, 1)`` entries), each at least the grid's ``N_i / 2``; empty
-        for the natural pitches. A wider pitch moves the rows a warp reads
-        at once to other banks (see :func:`bank_pitch`).
     """
 
     kernel_size: int
@@ -122,7 +117,6 @@ class TileSpec(NamedTuple):
     backward: bool = False
     coarse: bool = False
     inner_levels: int = 0
-    pitches: tuple = ()
 
 
 class InnerGeometry(NamedTuple):
@@ -186,8 +180,6 @@ class TileGeometry(NamedTuple):
     inner : InnerGeometry or None
         Forward with inner levels only (else None): their grids, subbands and
         taps (see :func:`inner_geometry`).
-    pitches : tuple of int
-        Row pitch of each grid's phase planes (empty: ``N_i / 2``).
     """
 
     halos: tuple
@@ -199,7 +191,6 @@ class TileGeometry(NamedTuple):
     xgrids: tuple = ()
     reduce: int = 0
     inner: InnerGeometry | None = None
-    pitches: tuple = ()
 
     @property
     def read_amplification(self) -> float:
@@ -209,22 +200,22 @@ class TileGeometry(NamedTuple):
 
     def phase(self, i: int) -> int:
         """Offset between the phase planes of grid ``i`` (see :func:`phase_stride`)."""
-        return phase_stride(self.edges[i], self.pitch(i))
+        return phase_stride(self.edges[i])
 
     def pitch(self, i: int) -> int:
         """Row pitch of grid ``i``'s phase planes."""
-        return self.pitches[i] if self.pitches else self.edges[i] // 2
+        return self.edges[i] // 2
 
 
-def phase_stride(edge: int, pitch: int = 0) -> int:
+def phase_stride(edge: int) -> int:
     """Offset between consecutive phase planes of a grid of edge ``edge``.
 
-    A plane holds ``edge / 2`` rows of ``pitch`` values (default ``edge /
-    2``); the stride is the next number that is 16 modulo 32, so a warp whose
-    lanes take consecutive columns of one row (even columns in plane 0, odd
-    ones in plane 1) touches 32 different banks.
+    A plane holds ``(edge / 2)**2`` values; the stride is the next number
+    that is 16 modulo 32, so a warp whose lanes take consecutive columns of
+    one row (even columns in plane 0, odd ones in plane 1) touches 32
+    different banks.
     """
-    size = (edge // 2) * (pitch or edge // 2)
+    size = (edge // 2) ** 2
     return size + (16 - size) % 32
 
 
@@ -336,67 +327,6 @@ def strip_order(n: int, rows: int, pitch: int, threads: int) -> StripOrder:
     return _strip_order(n, rows, best)
 
 
-def phase_wavefronts(n: int, rows: int, pitch: int, threads: int) -> float:
-    """:func:`strip_wavefronts` of a strip phase in its :func:`strip_order`."""
-    return strip_wavefronts(n, rows, pitch, threads, strip_order(n, rows, pitch, threads).stride)
-
-
-def grid_readers(spec: TileSpec) -> tuple:
-    """The strip phases that read each grid of a forward tile: ``(n, Q)`` per phase.
-
-    Grid ``i`` is read by level ``i + 1``'s analysis where it runs in strips
-    (:func:`analysis_plan`), grid 0 also by the output phase (``n = TS / 2``,
-    ``Q = spec.strip``).
-
-    Parameters
-    ----------
-    spec : TileSpec
-
-    Returns
-    -------
-    tuple of tuple
-        One entry per grid (``max(L, 1)``), each a tuple of ``(n, Q)``.
-    """
-    K, TS, NT = spec.kernel_size, spec.tile, spec.threads
-    readers = []
-    for i in range(max(spec.levels, 1)):
-        mine = []
-        if i < spec.levels:
-            Q = analysis_plan(K, TS >> (i + 1), NT, spec.analysis_strip)
-            if Q:
-                mine.append((TS >> (i + 1), Q))
-        if i == 0:
-            mine.append((TS // 2, spec.strip))
-        readers.append(tuple(mine))
-    return tuple(readers)
-
-
-def bank_pitch(edge: int, readers: tuple, threads: int) -> int:
-    """The narrowest row pitch at which a grid's strip readers conflict least.
-
-    Parameters
-    ----------
-    edge : int
-        The grid's edge ``N_i`` (its natural pitch is ``N_i / 2``).
-    readers : tuple of (int, int)
-        ``(n, Q)`` of each strip phase that reads the grid (:func:`grid_readers`).
-    threads : int
-        Threads per block.
-
-    Returns
-    -------
-    int
-        A pitch from ``N_i / 2`` to ``N_i / 2 + 31`` with the least summed
-        :func:`phase_wavefronts` over the readers (the narrowest on a tie).
-    """
-    natural = edge // 2
-
-    def cost(pitch):
-        return sum(phase_wavefronts(n, q, pitch, threads) for n, q in readers)
-
-    return min(range(natural, natural + 32), key=lambda p: (cost(p), p))
-
-
 def correlation_chunks(kernel_size: int, lines: int, threads: int) -> int:
     """Chunks per tap column of the backward's correlations over ``lines`` columns.
 
@@ -477,7 +407,7 @@ def inner_geometry(kernel_size: int, levels: int, tile: int, inner_levels: int,
 
 
 def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = False,
-                  threads: int = 128, inner_levels: int = 0, pitches: tuple = ()) -> TileGeometry:
+                  threads: int = 128, inner_levels: int = 0) -> TileGeometry:
     """Halos, grid sizes and buffer offsets of a tile (see :class:`TileGeometry`).
 
     Parameters
@@ -495,9 +425,6 @@ def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = Fal
     inner_levels : int, default 0
         Forward only: levels run above ``L`` inside the block
         (:attr:`TileSpec.inner_levels`; needs ``L >= 2``).
-    pitches : tuple of int, default ()
-        Forward only: the grids' row pitches (:attr:`TileSpec.pitches`);
-        empty for the natural ``N_i / 2``.
 
     Returns
     -------
@@ -506,9 +433,8 @@ def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = Fal
     Raises
     ------
     ValueError
-        ``tile`` is not a positive multiple of ``2**max(L, 1)``; inner
-        levels with a backward or fewer than two levels; pitches with a
-        backward, of the wrong count, or narrower than a grid's ``N_i / 2``.
+        ``tile`` is not a positive multiple of ``2**max(L, 1)``, or inner
+        levels with a backward or fewer than two levels.
     """
     K, L, TS = kernel_size, levels, tile
     if TS <= 0 or TS % 2 ** max(L, 1):
@@ -520,19 +446,11 @@ def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = Fal
     else:
         halos = tuple(2 * P * 2 ** (L - 1 - i) for i in range(L))
     edges = tuple((TS >> i) + 2 * h for i, h in enumerate(halos))
-    if pitches:
-        if backward or len(pitches) != len(edges) or any(
-                p < n // 2 for p, n in zip(pitches, edges)):
-            raise ValueError(f"pitches must be a forward tile's {len(edges)} row pitches of at "
-                             f"least {tuple(n // 2 for n in edges)}, got {pitches}")
-    else:
-        pitches = tuple(n // 2 for n in edges)
-    pitches = tuple(pitches)
     ntaps = K * K + 4 * K * K * L + 1
     offset, grids = ntaps, []
-    for n, pitch in zip(edges, pitches):
+    for n in edges:
         grids.append(offset)
-        offset += 4 * phase_stride(n, pitch)
+        offset += 4 * phase_stride(n)
     z = []
     for j in range(1, L + 1):
         z.append(offset)
@@ -540,36 +458,19 @@ def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = Fal
     if inner_levels:
         if backward or L < 2:
             raise ValueError("inner levels need a forward tile with at least two levels")
-        dead = (grids[L - 1], 4 * phase_stride(edges[L - 1], pitches[L - 1]))
+        dead = (grids[L - 1], 4 * phase_stride(edges[L - 1]))
         inner, offset = inner_geometry(K, L, TS, inner_levels, (dead, offset))
-        return TileGeometry(halos, edges, tuple(grids), tuple(z), ntaps, offset, inner=inner,
-                            pitches=pitches)
+        return TileGeometry(halos, edges, tuple(grids), tuple(z), ntaps, offset, inner=inner)
     if not backward:
-        return TileGeometry(halos, edges, tuple(grids), tuple(z), ntaps, offset,
-                            pitches=pitches)
+        return TileGeometry(halos, edges, tuple(grids), tuple(z), ntaps, offset)
     xgrids = []
-    for n, pitch in zip(edges, pitches):
+    for n in edges:
         xgrids.append(offset)
-        offset += 4 * phase_stride(n, pitch)
+        offset += 4 * phase_stride(n)
     reduce = offset
     offset += reduce_floats(K, L, TS, threads)
     return TileGeometry(halos, edges, tuple(grids), tuple(z), ntaps, offset, tuple(xgrids),
-                        reduce, pitches=pitches)
-
-
-def spec_geometry(spec: TileSpec) -> TileGeometry:
-    """:func:`tile_geometry` of a kernel variant.
-
-    Parameters
-    ----------
-    spec : TileSpec
-
-    Returns
-    -------
-    TileGeometry
-    """
-    return tile_geometry(spec.kernel_size, spec.levels, spec.tile, spec.backward, spec.threads,
-                         spec.inner_levels, spec.pitches)
+                        reduce)
 
 
 def output_strip(tile: int, most: int = 4) -> int:
@@ -722,7 +623,7 @@ def tile_kernel_source(spec: TileSpec) -> str:
     if spec.inner_levels < 0 or (spec.inner_levels and (spec.backward or spec.coarse or L < 2)):
         raise ValueError("inner_levels needs a forward tile with at least two levels and no "
                          f"coarse pre-pass, got {spec}")
-    geo = spec_geometry(spec)
+    geo = tile_geometry(K, L, TS, spec.backward, NT, spec.inner_levels)
     if Q < 1 or (TS // 2) % Q:
         raise ValueError(f"strip must divide the level-1 tile edge {TS // 2}, got {Q}")
     if NT < 32 or NT % 32:

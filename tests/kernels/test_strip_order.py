@@ -1,0 +1,88 @@
+"""Shared bank conflicts of the forward tiles' strip phases: the order of their item rows
+(``tiles.strip_order``).
+
+The bank model and the orders run anywhere; the kernels run in numba's CUDA
+simulator against the float64 oracle and bit for bit against the natural order
+(the order moves items between threads, never the order of a sum).
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+from wtconv_cuda import reference
+from wtconv_cuda.kernels import compiler, tiles
+from wtconv_cuda.kernels.launch import Tuning, plan_tiles, run_forward
+from wtconv_cuda.kernels.tiles import (
+    StripOrder, strip_order, strip_wavefronts, tile_kernel_source,
+)
+
+from ._backends import RecordingBackend
+from ._oracle import random_layer
+
+simulator = pytest.mark.skipif(os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
+                               reason="needs numba's CUDA simulator")
+
+
+@pytest.mark.parametrize("n,rows,pitch,threads,stride,want", [
+    (16, 4, 24, 64, 1, 2.0),    # 28 x 28 stage, grid 0: two strip rows 96 words apart
+    (16, 4, 24, 64, 2, 2.0),    # ... any two of them (4 * 24 = 0 modulo 32)
+    (16, 4, 26, 64, 2, 1.0),    # a 26-word pitch: strip rows two apart 208 = 16 + 6 * 32
+    (8, 1, 12, 64, 1, 2.0),     # four 8-item rows per warp
+    (8, 1, 12, 64, 2, 1.0),     # ... 0, 24, 48 and 72 words: banks 0, 24, 16 and 8 on
+    (14, 2, 18, 128, 1, 1.75),  # 56 x 56 level 2: rows of 14 items padded to 16
+    (14, 2, 18, 128, 4, 1.0),
+    (28, 7, 36, 128, 1, 1.0),   # one row of 28 items per warp
+    (8, 8, 12, 32, 1, 1.0),     # one item row: nothing to conflict with
+])
+def test_strip_wavefronts(n, rows, pitch, threads, stride, want):
+    assert strip_wavefronts(n, rows, pitch, threads, stride) == pytest.approx(want)
+
+
+def test_strip_order():
+    """The smallest stride that clears the conflicts without another round; every strip
+    row once, idle item rows only past the last."""
+    order = strip_order(14, 2, 18, 128)
+    assert order == StripOrder(16, 2, 4, 8)
+    assert [order.strip_row(s) for s in range(8)] == [0, 4, 1, 5, 2, 6, 3, 7]
+    assert strip_order(8, 1, 12, 64) == StripOrder(8, 4, 2, 8)
+    assert strip_order(16, 4, 24, 64).stride == 1  # nothing helps: the natural order
+    assert strip_order(32, 8, 40, 128) == StripOrder(32, 1, 1, 4)
+    assert strip_order(14, 2, 18, 128).slots * 16 <= 128  # still one round
+    for n, rows, pitch, threads in [(14, 2, 18, 128), (8, 1, 12, 64), (12, 2, 16, 64),
+                                    (30, 2, 33, 96), (6, 1, 8, 32)]:
+        order = strip_order(n, rows, pitch, threads)
+        taken = sorted(order.strip_row(s) for s in range(order.slots))
+        assert taken[:n // rows] == list(range(n // rows))
+        assert all(r >= n // rows for r in taken[n // rows:])
+        assert strip_wavefronts(n, rows, pitch, threads, order.stride) <= strip_wavefronts(
+            n, rows, pitch, threads)
+
+
+@simulator
+def test_strip_order_gives_the_same_bits(rng, monkeypatch):
+    """A 24-pixel tile on 64 threads whose output phase deals its item rows two strip
+    rows apart (6 strip rows in 8 item rows: two idle): the oracle's output, and bit for
+    bit the natural order's."""
+    shape, levels, k = (1, 2, 30, 37), 2, 3
+    x, wts, weights, problem = random_layer(rng, shape, levels, k, 1, "float32", True)
+    backend = RecordingBackend()
+    outputs = []
+    for ordered in (True, False):
+        if not ordered:  # every phase in the natural order, compiled afresh
+            monkeypatch.setattr(tiles, "strip_order",
+                                lambda n, rows, pitch, threads: tiles._strip_order(n, rows, 1))
+            monkeypatch.setattr(compiler, "_loaded", {})
+        tuning = Tuning(tiles=True, tile=24, threads=64, strip=2)
+        spec = plan_tiles.__wrapped__(problem, backend.shared_limit, tuning).spec
+        source = tile_kernel_source(spec)
+        assert ("strip rows apart" in source and "qy0 >= 12" in source) == ordered
+        y = np.full(shape, np.nan, np.float32)
+        run_forward(backend, problem, x, y, weights, tuning)
+        outputs.append(y)
+    ordered, natural = outputs
+    want = reference.forward(x, wts, levels, 1)
+    assert np.isfinite(ordered).all()
+    assert np.linalg.norm(ordered - want) / np.linalg.norm(want) < 2e-6
+    np.testing.assert_array_equal(ordered, natural)
