@@ -101,7 +101,7 @@ def test_planner_splits_deep_levels_on_large_planes():
     assert plan.split == SPLIT_FINE_LEVELS == 2
     assert plan.tiles.spec == TileSpec(5, "float32", 2, 64, 128, 4, 128, coarse=True)
     assert plan.coarse == Problem(8, 64, 128, 128, 5, 3, 1, "float32", False)
-    assert plan.coarse_in == CoarseSpec("float32", 2)
+    assert plan.coarse_in == CoarseSpec("float32", 2, height=128, width=128)
     assert plan_split(Problem(8, 64, 512, 512, 9, 5, 1, "bfloat16", True), LIMIT).split == 2
     assert plan_split(Problem(8, 64, 512, 512, 5, 4, 1, "float16", True), LIMIT).split == 2
     back = plan_split(Problem(8, 64, 512, 512, 5, 5, 1, "bfloat16", True), LIMIT, backward=True)
@@ -202,10 +202,11 @@ def test_coarse_layout_packs_the_buffers():
 
 
 @pytest.mark.parametrize("spec,message", [
-    (CoarseSpec("float64", 1), "storage"),
-    (CoarseSpec("float32", 0), "split"),
-    (CoarseSpec("float32", 1, 3), "pooled"),
-    (CoarseSpec("float32", 1, 1, 48), "threads"),
+    (CoarseSpec("float64", 1, height=4, width=4), "storage"),
+    (CoarseSpec("float32", 0, height=4, width=4), "split"),
+    (CoarseSpec("float32", 1, 3, height=4, width=4), "pooled"),
+    (CoarseSpec("float32", 1, 1, 48, height=4, width=4), "threads"),
+    (CoarseSpec("float32", 1), "height and width"),
 ])
 def test_coarse_in_rejects_bad_specs(spec, message):
     with pytest.raises(ValueError, match=message):

@@ -44,7 +44,9 @@ SPECS = textwrap.dedent("""
     # Split passes: the pre-pass (every storage, one and two pooled arrays, splits 1 to
     # 3), tiles fed by it (forward and backward) and the gradients' store.
     from wtconv_cuda.kernels.coarse import CoarseOutSpec, CoarseSpec
-    specs += [CoarseSpec("float32", 3), CoarseSpec("bfloat16", 2, 2), CoarseSpec("float16", 1),
+    specs += [CoarseSpec("float32", 3, height=5, width=9),
+              CoarseSpec("bfloat16", 2, 2, height=7, width=7),
+              CoarseSpec("float16", 1, height=11, width=10),
               TileSpec(5, "bfloat16", 2, 32, 128, 4, 128, coarse=True),
               TileSpec(3, "float16", 1, 32, 128, 2, 128, backward=True, coarse=True)]
     specs += [CoarseOutSpec(storage) for storage in STORAGE]

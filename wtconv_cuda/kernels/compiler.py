@@ -180,12 +180,12 @@ def coarse_in_signature(storage: str, pooled: int = 1) -> tuple:
     -------
     tuple of numba types
         Pointers to the storage type for the pooled arrays, ``ww`` and
-        ``ws``, float32 pointers for ``pooled`` and ``keep``, then ten int64
+        ``ws``, float32 pointers for ``pooled`` and ``keep``, then eight int64
         scalars.
     """
     from numba import types
     st = types.CPointer(_storage_type(storage))
-    return (st,) * (pooled + 2) + (types.CPointer(types.float32),) * 2 + (types.int64,) * 10
+    return (st,) * (pooled + 2) + (types.CPointer(types.float32),) * 2 + (types.int64,) * 8
 
 
 def coarse_out_signature(storage: str) -> tuple:

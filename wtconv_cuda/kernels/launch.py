@@ -1013,13 +1013,14 @@ def plan_split(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
                      p.levels - c, 1, "float32", False)
     layout = coarse_layout(p.batch, p.channels, coarse.height, coarse.width, p.kernel_size,
                            coarse.levels, backward)
-    spec = CoarseSpec(p.storage, c, 2 if backward else 1)
+    spec = CoarseSpec(p.storage, c, 2 if backward else 1, height=coarse.height,
+                      width=coarse.width)
     items = layout.plane + (layout.wavelet_scale + coarse.levels * p.channels * 4
                             - layout.base_weight)
     grid = -(-items // COARSE_THREADS)
     out = CoarseOutSpec(p.storage) if backward else None
     C, K2 = p.channels, p.kernel_size ** 2
-    scalars = _int64s(p.height, p.width, coarse.height, coarse.width, layout.plane,
+    scalars = _int64s(p.height, p.width, layout.plane,
                       layout.wavelet_weight - layout.base_weight, coarse.levels * C * 4 * K2,
                       coarse.levels * C * 4, c * C * 4 * K2, c * C * 4)
     return SplitPlan(c, spec, grid, layout, coarse, fine, out, scalars)
