@@ -25,19 +25,19 @@ simulator = pytest.mark.skipif(os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
                                reason="needs numba's CUDA simulator")
 
 
-@pytest.mark.parametrize("n,rows,pitch,threads,stride,want", [
-    (16, 4, 24, 64, 1, 2.0),    # 28 x 28 stage, grid 0: two strip rows 96 words apart
-    (16, 4, 24, 64, 2, 2.0),    # ... any two of them (4 * 24 = 0 modulo 32)
-    (16, 4, 26, 64, 2, 1.0),    # a 26-word pitch: strip rows two apart 208 = 16 + 6 * 32
-    (8, 1, 12, 64, 1, 2.0),     # four 8-item rows per warp
-    (8, 1, 12, 64, 2, 1.0),     # ... 0, 24, 48 and 72 words: banks 0, 24, 16 and 8 on
-    (14, 2, 18, 128, 1, 1.75),  # 56 x 56 level 2: rows of 14 items padded to 16
-    (14, 2, 18, 128, 4, 1.0),
-    (28, 7, 36, 128, 1, 1.0),   # one row of 28 items per warp
-    (8, 8, 12, 32, 1, 1.0),     # one item row: nothing to conflict with
+@pytest.mark.parametrize("n,rows,pitch,stride,want", [
+    (16, 4, 24, 1, 2.0),    # 28 x 28 stage, grid 0: two strip rows 96 words apart
+    (16, 4, 24, 2, 2.0),    # ... any two of them (4 * 24 = 0 modulo 32)
+    (16, 4, 26, 2, 1.0),    # a 26-word pitch: strip rows two apart 208 = 16 + 6 * 32
+    (8, 1, 12, 1, 2.0),     # four 8-item rows per warp
+    (8, 1, 12, 2, 1.0),     # ... 0, 24, 48 and 72 words: banks 0, 24, 16 and 8 on
+    (14, 2, 18, 1, 1.75),   # 56 x 56 level 2: rows of 14 items padded to 16
+    (14, 2, 18, 4, 1.0),
+    (28, 7, 36, 1, 1.0),    # one row of 28 items per warp
+    (8, 8, 12, 1, 1.0),     # one item row: nothing to conflict with
 ])
-def test_strip_wavefronts(n, rows, pitch, threads, stride, want):
-    assert strip_wavefronts(n, rows, pitch, threads, stride) == pytest.approx(want)
+def test_strip_wavefronts(n, rows, pitch, stride, want):
+    assert strip_wavefronts(n, rows, pitch, stride) == pytest.approx(want)
 
 
 def test_strip_order():
@@ -56,8 +56,7 @@ def test_strip_order():
         taken = sorted(order.strip_row(s) for s in range(order.slots))
         assert taken[:n // rows] == list(range(n // rows))
         assert all(r >= n // rows for r in taken[n // rows:])
-        assert strip_wavefronts(n, rows, pitch, threads, order.stride) <= strip_wavefronts(
-            n, rows, pitch, threads)
+        assert strip_wavefronts(n, rows, pitch, order.stride) <= strip_wavefronts(n, rows, pitch)
 
 
 @simulator

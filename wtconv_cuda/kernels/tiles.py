@@ -261,7 +261,7 @@ def _strip_order(n: int, rows: int, stride: int) -> StripOrder:
     return StripOrder(row, per_warp, stride, strips if stride == 1 else -(-strips // span) * span)
 
 
-def strip_wavefronts(n: int, rows: int, pitch: int, threads: int, stride: int = 1) -> float:
+def strip_wavefronts(n: int, rows: int, pitch: int, stride: int = 1) -> float:
     """Shared-memory wavefronts per warp-wide read of a strip phase (1: no bank conflict).
 
     Every read of item ``(qx, qy0)`` is at word ``qy0 * pitch + qx`` plus an
@@ -277,8 +277,6 @@ def strip_wavefronts(n: int, rows: int, pitch: int, threads: int, stride: int = 
         Coefficient rows per item (``Q``, dividing ``n``).
     pitch : int
         Words between consecutive coefficient rows of the grid read.
-    threads : int
-        Threads per block (a multiple of 32).
     stride : int, default 1
         Strip rows between a warp's item rows (:class:`StripOrder`).
 
@@ -307,8 +305,10 @@ def strip_order(n: int, rows: int, pitch: int, threads: int) -> StripOrder:
 
     Parameters
     ----------
-    n, rows, pitch, threads : int
+    n, rows, pitch : int
         As in :func:`strip_wavefronts`.
+    threads : int
+        Threads per block (a multiple of 32).
 
     Returns
     -------
@@ -323,7 +323,7 @@ def strip_order(n: int, rows: int, pitch: int, threads: int) -> StripOrder:
     rounds = -(-natural.slots * natural.row // threads)
     best = min((stride for stride in range(1, n // rows + 1)
                 if -(-_strip_order(n, rows, stride).slots * natural.row // threads) <= rounds),
-               key=lambda stride: (strip_wavefronts(n, rows, pitch, threads, stride), stride))
+               key=lambda stride: (strip_wavefronts(n, rows, pitch, stride), stride))
     return _strip_order(n, rows, best)
 
 
