@@ -1492,14 +1492,20 @@ def _coarse_weights(backend, buf, lay: CoarseLayout, problem: Problem, levels: i
                    backend.view(buf, ww + levels * C * 4 * K2, levels * C * 4))
 
 
+def _launch_coarse_in(backend, split: SplitPlan, pooled: tuple, weights: Weights, pool,
+                      keep) -> None:
+    """Queue ``wtconv_coarse_in`` into the split's work buffers ``pool`` and ``keep``."""
+    backend.call(backend.kernel(split.coarse_in), split.grid, COARSE_THREADS,
+                 (*pooled, weights.wavelet_weight, weights.wavelet_scale, pool, keep,
+                  *split.coarse_in_scalars), 0)
+
+
 def _run_coarse_in(backend, problem: Problem, split: SplitPlan, pooled: tuple,
                    weights: Weights) -> tuple:
     """The split's two work buffers ``(pooled, keep)``, filled by ``wtconv_coarse_in``."""
     pool = backend.float32(split.layout.pooled_floats)
     keep = backend.float32(split.layout.floats)
-    backend.call(backend.kernel(split.coarse_in), split.grid, COARSE_THREADS,
-                 (*pooled, weights.wavelet_weight, weights.wavelet_scale, pool, keep,
-                  *split.coarse_in_scalars), 0)
+    _launch_coarse_in(backend, split, pooled, weights, pool, keep)
     return pool, keep
 
 
