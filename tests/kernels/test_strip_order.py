@@ -74,7 +74,7 @@ def test_strip_order_gives_the_same_bits(rng, monkeypatch):
                                 lambda n, rows, pitch, threads: tiles._strip_order(n, rows, 1))
             monkeypatch.setattr(compiler, "_loaded", {})
         tuning = Tuning(tiles=True, tile=24, threads=64, strip=2)
-        spec = plan_tiles.__wrapped__(problem, backend.shared_limit, tuning).spec
+        spec = plan_tiles(problem, backend.shared_limit, tuning).spec
         source = tile_kernel_source(spec)
         assert ("strip rows apart" in source and "qy0 >= 12" in source) == ordered
         y = np.full(shape, np.nan, np.float32)
