@@ -50,7 +50,8 @@
 #              SASS (benchmarks/sass_hotspots.py)              (~2 min cold)
 #   tilehotspots  the same for the split forward's tile kernel (wtconv_tile) at the
 #              ConvNeXt-T stages 56 (L5) and 28 (L4), fp32: the inference target's
-#              kernel, loop by loop                                (~2 min cold)
+#              kernel, loop by loop; TILEHOT_SHAPES="BxCxHxWxLxK ..." picks other
+#              stages                                              (~2 min cold)
 #   tileprofile  ncu occupancy, warp states, stall reasons and instruction counts of
 #              the tiled forward and backward at 8x128x512x512, L1 and L3 (~2 min)
 #
@@ -270,7 +271,9 @@ run_tilehotspots() {
   echo "== warp samples by loop of the split forward's tile kernel (ncu source counters)"
   local shape rc=0
   : >"$OUT/hotspots_summary.txt"
-  for shape in "64 96 56 56 5 5" "64 192 28 28 4 5"; do
+  local shapes=${TILEHOT_SHAPES:-"64x96x56x56x5x5 64x192x28x28x4x5"}
+  for shape in $shapes; do
+    shape=${shape//x/ }
     # ncu_target.py's forward mode runs three forwards; the third one's tiles are measured
     # shellcheck disable=SC2086  # a shape is a list of arguments
     hotspot_run "tile_${shape// /x}" wtconv_tile 2 forward $shape || rc=1
