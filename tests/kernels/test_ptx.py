@@ -60,11 +60,8 @@ SPECS = textwrap.dedent("""
     specs += [RegisterSpec(5, "float32", 7, 7, 2, max_registers=168),
               RegisterSpec(3, "bfloat16", 5, 6, 3, 2), RegisterSpec(1, "float16", 3, 1, 0),
               RegisterSpec(3, "bfloat16", 3, 4, 1, 2, 64, 255, backward=True)]
-    # The tiles of a ConvNeXt-T 28 x 28 split: 32-pixel tiles of 64 threads; with the L2
-    # prefetch of one-tile-per-plane launches, as the planner sets it, and in 16 bits.
-    specs += [TileSpec(5, "float32", 2, 32, 64, 4, 128, coarse=True),
-              TileSpec(5, "float32", 2, 32, 64, 4, 128, coarse=True, prefetch=1024),
-              TileSpec(3, "bfloat16", 1, 16, 32, 2, 128, coarse=True, prefetch=8192)]
+    # The tiles of a ConvNeXt-T 28 x 28 split: 32-pixel tiles of 64 threads.
+    specs += [TileSpec(5, "float32", 2, 32, 64, 4, 128, coarse=True)]
     # The stride-1 backward: the weight gradients alone (the ConvNeXt-T 56 x 56 and
     # 14 x 14 launch shapes, shared memory and scratch), and the filters flipped for dx.
     specs += [PlaneSpec(5, storage, 1, 1, True, scratch, threads, strip, 128, group, sync,

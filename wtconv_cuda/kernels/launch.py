@@ -169,10 +169,6 @@ class Tuning(NamedTuple):
         no work buffers; see :func:`inner_tiles`). None does so where the
         small-plane rule says (``SmallTileSplit.inner``: planes of 33 to 64
         pixels) and the block's buffer fits; False never.
-    prefetch : int or None
-        A forward tile launch with one tile per plane: planes ahead whose
-        lines each block loads into L2 first (``TileSpec.prefetch``). None
-        takes :func:`prefetch_planes`; 0 none.
     """
 
     threads: int | None = None
@@ -189,7 +185,6 @@ class Tuning(NamedTuple):
     dx_forward: bool | None = None
     dx_batch: int | None = None
     inner: bool | None = None
-    prefetch: int | None = None
 
 
 #: Bytes per element of each storage dtype.
@@ -539,30 +534,6 @@ TILE_MIN_PIXELS = 128 * 128
 #: fp32 on an H200, a split at 2 beat one at 3 by 17-20% (forward, L 4 and 5)
 #: and 40% (backward, L 5), and one at 1 by 5-50% (``tile_bench.py --splits``).
 SPLIT_FINE_LEVELS = 2
-#: Bytes of the source a forward tile launch with one tile per plane loads
-#: ahead into L2 (:func:`prefetch_planes`): a block prefetches the plane this
-#: far on, which at the ConvNeXt-T stages starts 10-20 us later.
-TILE_PREFETCH_BYTES = 4 << 20
-
-
-def prefetch_planes(problem: Problem) -> int:
-    """Planes ahead of a one-tile-per-plane forward's L2 prefetch (``TileSpec.prefetch``).
-
-    The largest power of two of planes within `TILE_PREFETCH_BYTES` (at least
-    1), so that nearby plane sizes share a kernel variant.
-
-    Parameters
-    ----------
-    problem : Problem
-        The layer call.
-
-    Returns
-    -------
-    int
-        256, 1024 and 4096 planes at 56 x 56, 28 x 28 and 14 x 14 in fp32.
-    """
-    plane = problem.height * problem.width * ITEMSIZE[problem.storage]
-    return 1 << max(0, (TILE_PREFETCH_BYTES // plane).bit_length() - 1)
 
 
 class SmallTileSplit(NamedTuple):
@@ -819,13 +790,10 @@ def whole_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
                 return None
     strip = tuning.strip or output_strip(edge)
     max_registers = REGISTER_CAP if tuning.max_registers is None else tuning.max_registers
+    spec = TileSpec(p.kernel_size, p.storage, p.levels, edge, threads, strip, max_registers,
+                    backward=backward)
     tiles_x, tiles_y = -(-p.width // edge), -(-p.height // edge)
     ntiles = tiles_x * tiles_y
-    prefetch = 0
-    if ntiles == 1 and not backward:
-        prefetch = prefetch_planes(p) if tuning.prefetch is None else tuning.prefetch
-    spec = TileSpec(p.kernel_size, p.storage, p.levels, edge, threads, strip, max_registers,
-                    backward=backward, prefetch=prefetch)
     grid = p.batch * p.channels * ntiles
     if not backward:
         return TileLaunch(spec, grid, threads, shared_bytes, tiles_x, ntiles)

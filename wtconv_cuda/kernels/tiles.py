@@ -104,12 +104,6 @@ class TileSpec(NamedTuple):
     inner_levels : int
         Forward only: levels run above ``levels`` inside the block (see
         :class:`InnerGeometry`).
-    prefetch : int
-        Forward with one tile per plane (``ntiles`` 1) only: before its own
-        work a block loads one element of every 128-byte line of the plane
-        ``prefetch`` planes on, at most one per thread, so that the block
-        which later takes that plane finds it in L2 (see
-        :func:`_emit_prefetch`). 0 (the default) loads nothing ahead.
     """
 
     kernel_size: int
@@ -123,7 +117,6 @@ class TileSpec(NamedTuple):
     backward: bool = False
     coarse: bool = False
     inner_levels: int = 0
-    prefetch: int = 0
 
 
 class InnerGeometry(NamedTuple):
@@ -635,8 +628,6 @@ def tile_kernel_source(spec: TileSpec) -> str:
         raise ValueError(f"strip must divide the level-1 tile edge {TS // 2}, got {Q}")
     if NT < 32 or NT % 32:
         raise ValueError(f"threads must be a positive multiple of 32, got {NT}")
-    if spec.prefetch < 0 or (spec.prefetch and spec.backward):
-        raise ValueError(f"prefetch needs a forward tile and prefetch >= 0, got {spec}")
 
     e = _Emitter()
     extra = ", coarse, Hc, Wc" if spec.coarse else ""
@@ -661,8 +652,6 @@ def tile_kernel_source(spec: TileSpec) -> str:
           f"oy = trow * {TS}",
           f"ox = (tile - trow * tiles_x) * {TS}",
           "c = plane - (plane // C) * C")
-        if spec.prefetch:
-            _emit_prefetch(e, spec, source)
         _emit_fold_weights(e, spec)
         if spec.coarse:
             _emit_coarse_loads(e, spec)
@@ -692,36 +681,7 @@ def tile_kernel_source(spec: TileSpec) -> str:
         _emit_tile_output(e, spec, geo, "grad_in" if spec.backward else "y")  # dx, or y
         if spec.backward:
             _emit_tile_weight_gradients(e, spec, geo)
-        if spec.prefetch:
-            e("if H < 0:  # never true: the one use of the prefetched element keeps its load",
-              "    y[plane * H * W] = pf")
     return e.text()
-
-
-def _emit_prefetch(e: _Emitter, spec: TileSpec, array: str) -> None:
-    """Load one element of each 128-byte line of plane ``plane + spec.prefetch`` of ``array``.
-
-    Thread ``t`` takes line ``t`` of that plane (the plane's own first element
-    where the line or the plane does not exist, so the load is unconditional).
-    Blocks start in the order of their index, so the block that takes the
-    plane ``spec.prefetch`` planes on starts after this one by about that
-    many blocks' share of the launch and finds its lines in L2, not DRAM: on
-    an H200 the 56 x 56 tile's loads of ``x`` from DRAM held 16% of its warp
-    samples, 6% where a pre-pass had just read ``x``. The element is kept in
-    a register to the end of the kernel and stored nowhere (a branch that
-    never runs stores it, so that the compiler keeps the load): one register
-    and one load per thread. Meant for one tile per plane: with more tiles
-    the loads stay inside ``array`` but miss what the later blocks read.
-    """
-    step = 32 if spec.storage == "float32" else 64  # elements per 128-byte line
-    e(f"# L2 prefetch: one element per line of the plane {spec.prefetch} planes on",
-      "npix = H * W",
-      f"ahead = plane + {spec.prefetch}",
-      f"pk = tid * {step}",
-      "pidx = plane * npix",
-      "if ahead * ntiles < int64(cuda.gridDim.x) and pk < npix:",
-      "    pidx = ahead * npix + pk",
-      f"pf = {array}[pidx]")
 
 
 def _grid_index(geo: TileGeometry, grids: tuple, i: int, row: str, col: str) -> str:
