@@ -790,10 +790,12 @@ def whole_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
                 return None
     strip = tuning.strip or output_strip(edge)
     max_registers = REGISTER_CAP if tuning.max_registers is None else tuning.max_registers
-    spec = TileSpec(p.kernel_size, p.storage, p.levels, edge, threads, strip, max_registers,
-                    backward=backward)
     tiles_x, tiles_y = -(-p.width // edge), -(-p.height // edge)
     ntiles = tiles_x * tiles_y
+    # a forward block with the whole plane loads it as one run (TileSpec.height)
+    plane = (p.height, p.width) if ntiles == 1 and not backward else (0, 0)
+    spec = TileSpec(p.kernel_size, p.storage, p.levels, edge, threads, strip, max_registers,
+                    backward=backward, height=plane[0], width=plane[1])
     grid = p.batch * p.channels * ntiles
     if not backward:
         return TileLaunch(spec, grid, threads, shared_bytes, tiles_x, ntiles)
