@@ -220,10 +220,17 @@ def test_tile_source_skips_the_padding_items():
     assert "if qx >=" not in pow2
 
 
-@pytest.mark.parametrize("tile,most,strip", [(64, 4, 4), (56, 4, 4), (28, 4, 2), (14, 4, 1),
-                                             (14, 7, 7), (16, 2, 2), (2, 4, 1)])
-def test_output_strip_divides_the_level_one_edge(tile, most, strip):
-    assert output_strip(tile, most) == strip
+@pytest.mark.parametrize("tile,threads,most,strip", [
+    (64, 128, 7, 4),    # 8 rows of 32 items: two rounds whichever divisor up to 7
+    (56, 128, 7, 7),    # 4 rows of 28 items padded to 32: one round (4: two)
+    (56, 128, 4, 4),
+    (32, 32, 7, 4),     # 4 rows of 16: two rounds (2: four)
+    (32, 64, 7, 4),     # one round; 8 would idle half the threads
+    (16, 32, 7, 2),     # one round of 32 items (4: one round of 16)
+    (28, 64, 7, 7), (14, 32, 7, 7), (14, 32, 4, 1), (16, 32, 2, 2), (2, 32, 4, 1),
+])
+def test_output_strip_takes_the_fewest_rounds(tile, threads, most, strip):
+    assert output_strip(tile, threads, most) == strip
 
 
 def test_tile_kernel_rejects_bad_shapes():

@@ -577,7 +577,8 @@ class SmallTileSplit(NamedTuple):
 #:
 #: - 64 x 96 x 56 x 56, L 5, 64 tile, c 2: 0.386 -> 0.268 ms (64 threads: 0.310);
 #: - 64 x 192 x 28 x 28, L 4, 32 tile, c 2: 0.281 -> 0.175 ms with 64 threads
-#:   (0.235 with 128);
+#:   (0.235 with 128); with the plane's size compile-time (``TileSpec.height``),
+#:   151.5-152.3 us with 64 threads, 139.8-140.7 with 32, 221.0-221.8 with 128;
 #: - 64 x 384 x 14 x 14, L 3, 16 tile, c 1: 0.145 -> 0.119 ms with 32 threads
 #:   and strip 2 (strip 4: 0.128; 64 threads: 0.141-0.159; c 2: 0.156). With a
 #:   quarter of the planes (64 x 96 x 14 x 14, the 56 x 56 stage's coarse
@@ -604,7 +605,7 @@ class SmallTileSplit(NamedTuple):
 #: 64 x 192 x 28 x 28, L 4: 172.1 -> 181.1 us (its coarse problem is cheap on the
 #: register kernel, 17.6 us, and the serial coarse levels idle its 64-thread blocks).
 SPLIT_SMALL_TILES = {16: SmallTileSplit(1, 3, 32, 2, min_pixels=1 << 22),
-                     32: SmallTileSplit(2, 4, 64),
+                     32: SmallTileSplit(2, 4, 32),
                      64: SmallTileSplit(2, 4, fit=8, inner=True)}
 #: ... where the tile wastes at most this fraction of its pixels ...
 SPLIT_MAX_WASTE = 1.35
@@ -788,7 +789,7 @@ def whole_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
             plane = plan_plane(p, backward, shared_limit, 1, tuning._replace(tiles=False))
             if not plane.spec.scratch:
                 return None
-    strip = tuning.strip or output_strip(edge)
+    strip = tuning.strip or output_strip(edge, threads)
     max_registers = REGISTER_CAP if tuning.max_registers is None else tuning.max_registers
     tiles_x, tiles_y = -(-p.width // edge), -(-p.height // edge)
     ntiles = tiles_x * tiles_y

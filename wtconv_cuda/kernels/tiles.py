@@ -482,15 +482,31 @@ def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = Fal
                         reduce)
 
 
-def output_strip(tile: int, most: int = 4) -> int:
-    """Level-1 coefficient rows per output-phase item: the largest divisor of ``tile / 2``
-    up to ``most``.
+#: Most level-1 coefficient rows of an output-phase item (:func:`output_strip`): its
+#: ``4 Q`` accumulators then number the 28 of a level-1 strip item.
+OUTPUT_STRIP_MOST = 7
+
+
+def output_strip(tile: int, threads: int, most: int = OUTPUT_STRIP_MOST) -> int:
+    """Level-1 coefficient rows per output-phase item.
+
+    Among the divisors ``Q`` of ``tile / 2`` up to ``most``, the one whose
+    items (rows padded by :func:`item_row`) take the fewest rounds of
+    ``threads``, and of those the one with the most items (threads at work).
+    On an H200, fp32, K 5 (``benchmarks/split_stages.py``, whole forward):
+    the 56 x 56 stage's fitted 56 tile (128 threads) took 203.3 us with
+    ``Q`` 7 (one round of 112 items) against 216.0 with 4 (two rounds, the
+    second of 84) and 215.5 with 2; the 14 x 14 stage's 16 tile (32 threads)
+    86.5 us with 2 (one round) against 94.5 with 4 (one round, half the
+    threads idle).
 
     Parameters
     ----------
     tile : int
         Tile edge ``TS`` (even).
-    most : int, default 4
+    threads : int
+        Threads per block.
+    most : int, default `OUTPUT_STRIP_MOST`
         Most rows per item.
 
     Returns
@@ -499,7 +515,13 @@ def output_strip(tile: int, most: int = 4) -> int:
         ``Q``, for :attr:`TileSpec.strip`.
     """
     n1 = tile // 2
-    return next(q for q in range(min(most, n1), 0, -1) if n1 % q == 0)
+    row = item_row(n1)
+
+    def cost(q: int) -> tuple:
+        items = row * (n1 // q)
+        return -(-items // threads), -items
+
+    return min((q for q in range(1, min(most, n1) + 1) if n1 % q == 0), key=cost)
 
 
 def item_row(coefficients: int) -> int:
