@@ -44,11 +44,12 @@ def test_planner_sets_the_plane_of_one_tile_per_plane_forwards():
     tiles that share a plane and the backward's do not."""
     stage56 = Problem(64, 96, 56, 56, 5, 5, 1, "float32", True)
     spec = plan_tiles(stage56, LIMIT).spec  # inner levels, a tile fitted to 56
-    assert (spec.height, spec.width, spec.tile) == (56, 56, 56)
-    for h, levels, tile in ((28, 4, 32), (14, 3, 16)):
+    assert (spec.height, spec.width, spec.tile, spec.threads, spec.strip) == (56, 56, 56, 128, 7)
+    for h, levels, tile, threads, strip in ((28, 4, 32, 32, 4), (14, 3, 16, 32, 2)):
         problem = Problem(64, 384 * 14 // h, h, h, 5, levels, 1, "float32", True)
         spec = plan_split(problem, LIMIT).tiles.spec
-        assert (spec.height, spec.width, spec.tile) == (h, h, tile)
+        assert (spec.height, spec.width, spec.tile, spec.threads, spec.strip) == (
+            h, h, tile, threads, strip)
     paper = plan_tiles(Problem(8, 64, 256, 256, 5, 3, 1, "float32", True), LIMIT)
     assert paper.ntiles > 1 and paper.spec.height == paper.spec.width == 0
     backward = plan_tiles(Problem(2, 3, 13, 11, 3, 1, 1, "float32", True), LIMIT,
@@ -67,9 +68,11 @@ def test_plane_load_needs_a_forward_tile_over_the_plane(spec):
 
 
 #: (shape, levels, k, tile, threads, storage): a partial last round of pixels (13 x 11
-#: = 4 * 32 + 15), two warps and a grid wider than a warp, a plane of one row, float16.
+#: = 4 * 32 + 15), two warps and a grid wider than a warp, a plane of one row, float16,
+#: no levels (the base convolution alone, an odd halo rounded up).
 CASES = [
     ((2, 2, 13, 11), 1, 3, 16, 32, "float32"),
+    ((1, 2, 5, 6), 0, 7, 8, 32, "float32"),
     ((1, 2, 27, 30), 2, 5, 32, 64, "float32"),
     ((1, 1, 1, 7), 1, 3, 8, 32, "float32"),
     ((1, 3, 9, 12), 2, 3, 12, 32, "float16"),

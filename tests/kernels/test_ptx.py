@@ -60,8 +60,13 @@ SPECS = textwrap.dedent("""
     specs += [RegisterSpec(5, "float32", 7, 7, 2, max_registers=168),
               RegisterSpec(3, "bfloat16", 5, 6, 3, 2), RegisterSpec(1, "float16", 3, 1, 0),
               RegisterSpec(3, "bfloat16", 3, 4, 1, 2, 64, 255, backward=True)]
-    # The tiles of a ConvNeXt-T 28 x 28 split: 32-pixel tiles of 64 threads.
-    specs += [TileSpec(5, "float32", 2, 32, 64, 4, 128, coarse=True)]
+    # The tiles of the ConvNeXt-T stages, one per plane with its size compile-time: the
+    # 28 x 28 split (32-pixel tiles of 32 threads), the 56 x 56 inner levels (strips of 7),
+    # a 16-bit 14 x 14 split; and a 32-pixel tile of 64 threads with run-time sizes.
+    specs += [TileSpec(5, "float32", 2, 32, 32, 4, 128, coarse=True, height=28, width=28),
+              TileSpec(5, "float32", 2, 56, 128, 7, 128, inner_levels=3, height=56, width=56),
+              TileSpec(5, "bfloat16", 1, 16, 32, 2, 128, coarse=True, height=14, width=13),
+              TileSpec(5, "float32", 2, 32, 64, 4, 128, coarse=True)]
     # The stride-1 backward: the weight gradients alone (the ConvNeXt-T 56 x 56 and
     # 14 x 14 launch shapes, shared memory and scratch), and the filters flipped for dx.
     specs += [PlaneSpec(5, storage, 1, 1, True, scratch, threads, strip, 128, group, sync,
