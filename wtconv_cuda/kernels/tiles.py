@@ -747,7 +747,10 @@ def _emit_tile_load(e: _Emitter, spec: TileSpec, geo: TileGeometry, array: str,
     takes its row pairs ``U`` at a time and issues their ``2 U ceil(N_0 / 32)``
     loads (at most `TILE_LOAD_BATCH`) before its stores, so one memory latency
     covers them: with one pair at a time, the load phase of the 56 x 56 tile
-    (``x`` from DRAM) held 16% of the kernel's warp samples on an H200.
+    (``x`` from DRAM) held 16% of the kernel's warp samples on an H200. ``U``
+    splits a warp's pairs into the fewest such groups of near-equal size (a
+    last, smaller group still issues ``U`` pairs' guarded instructions).
+    Tiles that cover their plane load it with :func:`_emit_plane_load`.
     """
     N0, H0, NT = geo.edges[0], geo.halos[0], spec.threads
     ph, pitch = geo.phase(0), geo.pitch(0)
