@@ -740,7 +740,10 @@ def whole_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
     ``shared_limit``. A backward of which only one block fits (its buffer
     holds the chains of both ``dy`` and ``x``: 130-133 KB at K 5, L 3) runs
     `TILE_SOLO_THREADS` threads unless ``tuning.threads`` says otherwise.
-    ``tuning.tiles`` True takes every problem they can run, False none.
+    ``tuning.tiles`` True takes every problem they can run, False none. The
+    output strip is :func:`~wtconv_cuda.kernels.tiles.output_strip`'s for the
+    block, and a forward with one tile per plane is compiled for the plane's
+    size (``TileSpec.height``/``width``).
 
     Parameters
     ----------
@@ -794,9 +797,9 @@ def whole_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
     tiles_x, tiles_y = -(-p.width // edge), -(-p.height // edge)
     ntiles = tiles_x * tiles_y
     # a forward block with the whole plane loads it as one run (TileSpec.height)
-    plane = (p.height, p.width) if ntiles == 1 and not backward else (0, 0)
+    sizes = (p.height, p.width) if ntiles == 1 and not backward else (0, 0)
     spec = TileSpec(p.kernel_size, p.storage, p.levels, edge, threads, strip, max_registers,
-                    backward=backward, height=plane[0], width=plane[1])
+                    backward=backward, height=sizes[0], width=sizes[1])
     grid = p.batch * p.channels * ntiles
     if not backward:
         return TileLaunch(spec, grid, threads, shared_bytes, tiles_x, ntiles)
