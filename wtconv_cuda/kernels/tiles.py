@@ -57,7 +57,7 @@ planes (``TS_j = TS / 2**j``), subband-major.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import NamedTuple
 
 from .codegen import (
@@ -822,11 +822,11 @@ def _emit_plane_load(e: _Emitter, spec: TileSpec, geo: TileGeometry, array: str)
     rounds = _thread_rounds(Hp * Wp, NT)
     batches = -(-len(rounds) // TILE_LOAD_BATCH)
     size = -(-len(rounds) // batches)
+    dy, dx = divmod(NT, Wp)  # the pixel NT on: whole rows and columns, one carry
     for first in range(0, len(rounds), size):
         batch = rounds[first:first + size]
         for r, rest in batch:
-            if r:  # the pixel NT on: whole rows and columns, one carry into the next row
-                dy, dx = divmod(NT, Wp)
+            if r:
                 e(f"px += {dx}", f"py += {dy}", f"if px >= {Wp}:",
                   f"    px -= {Wp}", "    py += 1")
             e(f"sy{r} = py + {H0}", f"sx{r} = px + {H0}")
@@ -1155,11 +1155,14 @@ def _emit_tile_output(e: _Emitter, spec: TileSpec, geo: TileGeometry, out: str) 
     rows = list(range(2 * Q))
     bias = K * K + 4 * K * K * L
     # a tile over its whole plane (spec.height) stores with compile-time sizes, and checks
-    # only the sides where the tile reaches past the plane
-    Hp, Wp = (spec.height, spec.width) if spec.height else ("H", "W")
-    inside = " and ".join(check for check, edge in ((f"py < {Hp}", spec.height),
-                                                     (f"px < {Wp}", spec.width))
-                          if edge != TS)
+    # only the sides where the tile reaches past the plane; other tiles check both
+    if spec.height:
+        Hp, Wp = spec.height, spec.width
+        checks = [f"py < {Hp}"] * (Hp < TS) + [f"px < {Wp}"] * (Wp < TS)
+    else:
+        Hp, Wp = "H", "W"
+        checks = ["py < H", "px < W"]
+    inside = " and ".join(checks)
     e("# output: base convolution + level-1 synthesis + bias",
       f"bias = S[{bias}]", f"obase = plane * {Hp} * {Wp}")
     with _strip_items(e, n1, Q, NT, pitch0):
@@ -1201,13 +1204,11 @@ def _emit_tile_output(e: _Emitter, spec: TileSpec, geo: TileGeometry, out: str) 
                 e(f"py = oy + 2 * qy + {ey}")
                 for ex in (0, 1):
                     e(f"px = ox + 2 * qx + {ex}")
-                    value = f"acc{2 * i + ey}_{ex} + bias + r{ey}{ex}"
-                    if not inside:
-                        _store(e, spec.storage, f"{out}[obase + py * {Wp} + px]", value)
-                        continue
-                    e(f"if {inside}:")
-                    with e.indent():
-                        _store(e, spec.storage, f"{out}[obase + py * {Wp} + px]", value)
+                    if inside:
+                        e(f"if {inside}:")
+                    with e.indent() if inside else nullcontext():
+                        _store(e, spec.storage, f"{out}[obase + py * {Wp} + px]",
+                               f"acc{2 * i + ey}_{ex} + bias + r{ey}{ex}")
 
 
 def _emit_tile_weight_gradients(e: _Emitter, spec: TileSpec, geo: TileGeometry) -> None:
