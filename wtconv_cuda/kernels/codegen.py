@@ -1092,16 +1092,19 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
                 e("qy += P")
             _emit_level_item_sums(e, K, "sb + p_off", item)
         e("cuda.syncthreads()",
-          f"for t in range(tid, (j1 - j0 + 1) * {4 * K2}, {T}):")
+          "# one tap row (level j, subband k, tap row dy) per thread: its K sums",
+          "# side by side, each over the chunks in order",
+          f"for ru in range(tid, (j1 - j0 + 1) * {4 * K}, {T}):")
         with e.indent():
-            e(f"j = j0 + t // {4 * K2}", f"rem = t - (j - j0) * {4 * K2}",
-              f"k = rem // {K2}", f"dy = (rem - k * {K2}) // {K}",
-              f"dx = rem - k * {K2} - dy * {K}",
-              f"P = {_lvl('j', 'chunks')}", "tot = fz")
-            _emit_chunk_sum(e, "tot", f"sb + p_off + (({_lvl('j', 'item0')} + dy * P) * 4 + k)"
-                            f" * {K} + dx", 4 * K)
-            e("if valid:",
-              f"    S[sb + w_off + {K2 + 1} + (j0 - 1) * {4 * K2} + t] += tot")
+            e(f"j = j0 + ru // {4 * K}", f"rr = ru - (j - j0) * {4 * K}",
+              f"k = rr // {K}", f"dy = rr - k * {K}",
+              f"P = {_lvl('j', 'chunks')}")
+            _emit_row_chunk_sums(e, K, f"sb + p_off + (({_lvl('j', 'item0')} + dy * P) * 4 + k)"
+                                 f" * {K}", 4 * K)
+            e("if valid:")
+            with e.indent():
+                e(f"ro = sb + w_off + {K2 + 1} + (j - 1) * {4 * K2} + rr * {K}")
+                e(*(f"S[ro + {dx}] += rt_{dx}" for dx in range(K)))
         e("cuda.syncthreads()", "j0 = j1 + 1")
 
 
@@ -1112,6 +1115,34 @@ CHUNK_SUM_GROUP = 4
 def _emit_chunk_sum(e: _Emitter, total: str, first: str, stride: int) -> None:
     """Add the ``P`` chunk partials ``S[first + ch * stride]`` into ``total``, ``ch`` in order."""
     _emit_ordered_sum(e, total, "S", first, stride, "P", CHUNK_SUM_GROUP)
+
+
+#: Chunks whose partials the level-tap reductions load at once (``K`` each).
+ROW_SUM_GROUP = 2
+
+
+def _emit_row_chunk_sums(e: _Emitter, K: int, first: str, stride: int) -> None:
+    """``rt_dx`` = the ``P`` chunk partials ``S[first + ch * stride + dx]``, ``ch`` in order.
+
+    The ``K`` sums of one tap row side by side (``dx = 0..K-1``): each adds
+    its chunks in the order of :func:`_emit_chunk_sum` (so the bits are those
+    of ``K`` separate chunk sums), but the ``K`` chains overlap and the loads
+    of ``ROW_SUM_GROUP`` chunks go out together.
+    """
+    G = ROW_SUM_GROUP
+    e(", ".join(f"rt_{dx}" for dx in range(K)) + " = " + ", ".join("fz" for _ in range(K)),
+      f"rat = {first}", "rdone = 0", f"while rdone + {G} <= P:")
+    with e.indent():
+        for g in range(G):
+            e(", ".join(f"rv{g}_{dx}" for dx in range(K)) + " = "
+              + ", ".join(f"S[rat + {g * stride + dx}]" for dx in range(K)))
+        for dx in range(K):
+            e(*(f"rt_{dx} += rv{g}_{dx}" for g in range(G)))
+        e(f"rat += {G * stride}", f"rdone += {G}")
+    e("while rdone < P:")
+    with e.indent():
+        e(*(f"rt_{dx} += S[rat + {dx}]" for dx in range(K)))
+        e(f"rat += {stride}", "rdone += 1")
 
 
 def _emit_ordered_sum(e: _Emitter, total: str, array: str, first: str, stride, count: str,
