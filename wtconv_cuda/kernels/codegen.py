@@ -36,6 +36,7 @@ Two kernels are generated:
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import NamedTuple
 
 from .layout import HEADER, HEADER_FIELDS, LEVEL_BASE, LEVEL_FIELDS, LEVEL_STRIDE, bias_index
@@ -600,13 +601,30 @@ def _emit_ll_chains(e: _Emitter, spec: PlaneSpec, pyramids: list) -> None:
                 e(f"Hj = {_lvl('j', 'Hj')}", f"Wj = {_lvl('j', 'Wj')}")
             e(f"srcn{x} = {_lvl('j', fsrc)}{shift}", f"spn{x} = {_lvl('j', fpitch)}",
               f"sphn{x} = {_lvl('j', fphase)}")
-        with _DivmodLoop(e, "it", "tid", "Hj * Wj", spec.threads, "Wj", "qy", "qx"):
+        # One item per 2 x 2 quad of grid j's coefficients: they land at one position
+        # (my, mx) of its four phase planes, and read one 2 x 2 square of positions
+        # of grid j - 1's phase planes, so the indices are formed once per quad.
+        e("Mj = (Wj + 1) >> 1")
+        with _DivmodLoop(e, "it", "tid", "((Hj + 1) >> 1) * Mj", spec.threads, "Mj", "my", "mx"):
             for x, (_, _, halo) in zip(suffixes, pyramids):
                 R = (spec.kernel_size - 1) // 2 if halo is None else halo
-                target = _phase_index(f"srcn{x}", f"spn{x}", f"sphn{x}", "qy", "qx", R)
-                e(f"p{x} = sb + srcp{x} + (qy + {R}) * spp{x} + qx + {R}",
-                  f"S[sb + {target}] = f05 * ((S[p{x}] + S[p{x} + sph{x}]) + "
-                  f"(S[p{x} + 2 * sph{x}] + S[p{x} + 3 * sph{x}]))")
+                e(f"pq{x} = sb + srcp{x} + (2 * my + {R}) * spp{x} + 2 * mx + {R}",
+                  f"tq{x} = sb + srcn{x} + (my + {R}) * spn{x} + mx + {R}")
+            # every value of the quad before its first store (a store may alias them)
+            quads = [(a, b, " and ".join(c for c, on in (("2 * my + 1 < Hj", a), ("2 * mx + 1 < Wj", b))
+                                         if on)) for a in (0, 1) for b in (0, 1)]
+            for a, b, inside in quads:
+                for x in suffixes[:len(pyramids)]:
+                    p = f"pq{x}" + (f" + spp{x}" if a else "") + (" + 1" if b else "")
+                    value = (f"f05 * ((S[{p}] + S[{p} + sph{x}]) + "
+                             f"(S[{p} + 2 * sph{x}] + S[{p} + 3 * sph{x}]))")
+                    e(f"ll{x}_{a}{b} = {value}" + (f" if {inside} else fz" if inside else ""))
+            for a, b, inside in quads:
+                if inside:
+                    e(f"if {inside}:")
+                with e.indent() if inside else nullcontext():
+                    e(*(f"S[tq{x} + {2 * a + b} * sphn{x}] = ll{x}_{a}{b}"
+                        for x in suffixes[:len(pyramids)]))
         e("cuda.syncthreads()")
 
 
