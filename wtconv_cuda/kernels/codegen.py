@@ -548,19 +548,24 @@ def _emit_gradient_pyramid(e: _Emitter, spec: PlaneSpec) -> None:
     """``weights_only`` backward: ``dy`` into gradient grid 0 and ``x`` into region A's
     grid 0, then both raw-LL chains.
 
-    The two planes are loaded in one loop (``LOAD_QUADS`` 2 x 2 quads of
-    each per thread in flight) and the two chains built in one loop per level:
-    half the barriers, twice the independent work between them. On an H200
-    (K 5, fp32) this took the backward from 0.776 to 0.696 ms at 64 x 96 x
-    56 x 56 and from 0.519 to 0.459 ms at 64 x 192 x 28 x 28; 13 or 20
-    elements in flight instead of 8 changed nothing.
+    The two planes are loaded in one loop and the two chains built in one
+    loop per level: half the barriers, twice the independent work between
+    them. On an H200 (K 5, fp32) this took the backward from 0.776 to 0.696
+    ms at 64 x 96 x 56 x 56 and from 0.519 to 0.459 ms at 64 x 192 x 28 x
+    28; 13 or 20 elements in flight instead of 8 changed nothing. float32
+    planes load by 2 x 2 quads (:func:`_emit_planes_load_quads`, ``LOAD_QUADS``
+    quads of each in flight): backward 0.577 -> 0.557 ms at 56 x 56, 0.377
+    -> 0.366 at 28 x 28. In bfloat16 the quads took it from 0.564 to 0.587
+    and from 0.421 to 0.446 ms, so 16-bit planes keep one pixel per item.
     """
     e("# dy into gradient grid 0, x into region A; then both raw-LL chains. Nothing is",
       "# convolved (dx comes from the forward kernels).",
       "xsrc0 = src0 + xshift")
-    _emit_planes_load_quads(e, spec, [("src", "gsrc0", "gsp0", "gsph0", 0),
-                                      ("xsrc", "xsrc0", "sp0", "sph0", None)],
-                            "plane * (H * W)")
+    targets = [("src", "gsrc0", "gsp0", "gsph0", 0), ("xsrc", "xsrc0", "sp0", "sph0", None)]
+    if spec.storage == "float32":
+        _emit_planes_load_quads(e, spec, targets, "plane * (H * W)")
+    else:  # 16-bit storage: the quads were slower (see the docstring)
+        _emit_planes_load(e, spec, targets, "plane * (H * W)", "H", "W", 1)
     e("cuda.syncthreads()")
     _emit_ll_chains(e, spec, [("", _GRADIENT_GRIDS, 0), (" + xshift", _SOURCE_GRIDS, None)])
 
