@@ -592,7 +592,8 @@ def _emit_ll_chains(e: _Emitter, spec: PlaneSpec, pyramids: list) -> None:
 
     ``pyramids`` holds ``(shift, grids, halo)`` per pyramid, as
     :func:`_emit_ll_chain` takes them; each level's loop forms every
-    pyramid's LL value of a coefficient, then one barrier follows.
+    pyramid's LL values of a 2 x 2 quad of coefficients per item, then one
+    barrier follows.
     """
     suffixes = ["", "_b"]
     if not 1 <= len(pyramids) <= len(suffixes):
@@ -616,8 +617,9 @@ def _emit_ll_chains(e: _Emitter, spec: PlaneSpec, pyramids: list) -> None:
                 e(f"pq{x} = sb + srcp{x} + (2 * my + {R}) * spp{x} + 2 * mx + {R}",
                   f"tq{x} = sb + srcn{x} + (my + {R}) * spn{x} + mx + {R}")
             # every value of the quad before its first store (a store may alias them)
-            quads = [(a, b, " and ".join(c for c, on in (("2 * my + 1 < Hj", a), ("2 * mx + 1 < Wj", b))
-                                         if on)) for a in (0, 1) for b in (0, 1)]
+            checks = (("2 * my + 1 < Hj", 1, 0), ("2 * mx + 1 < Wj", 0, 1))
+            quads = [(a, b, " and ".join(c for c, ra, cb in checks if (ra and a) or (cb and b)))
+                     for a in (0, 1) for b in (0, 1)]
             for a, b, inside in quads:
                 for x in suffixes[:len(pyramids)]:
                     p = f"pq{x}" + (f" + spp{x}" if a else "") + (" + 1" if b else "")
