@@ -2,12 +2,15 @@
 
 import ast
 import itertools
+import re
 
 import pytest
 
 from wtconv_cuda.kernels.codegen import (
-    FinalizeSpec, PlaneSpec, finalize_kernel_source, plane_kernel_source,
+    FinalizeSpec, PlaneSpec, _compiled_level_table, finalize_kernel_source, plane_kernel_source,
 )
+from wtconv_cuda.kernels.launch import Problem, Tuning, plan_plane
+from wtconv_cuda.kernels.layout import LEVEL_BASE
 from wtconv_cuda.kernels.tiles import (
     TileSpec, analysis_plan, item_row, output_strip, phase_stride, tile_geometry,
     tile_kernel_source,
@@ -24,6 +27,11 @@ PLANE_SPECS = [
     PlaneSpec(k, storage, 1, 1, True, scratch, threads, 1, 0, group, threads <= 32, True)
     for k, storage, scratch, (threads, group)
     in itertools.product((1, 5), ("float32", "bfloat16"), (False, True), ((16, 16), (128, 1)))
+] + [  # weight gradients alone, with the plane's level table compiled in
+    PlaneSpec(k, "float32", 1, 1, True, False, threads, strip, 0, group, threads <= 32,
+              weights_only=True, plane=plane)
+    for k, plane, (threads, strip, group)
+    in itertools.product((1, 5), ((17, 23, 5), (3, 2, 4), (6, 7, 1)), ((32, 1, 8), (64, 2, 2)))
 ]
 
 
@@ -83,6 +91,33 @@ def test_warp_sync_needs_groups_that_tile_whole_warps(threads, group, ok):
             plane_kernel_source(spec)
 
 
+def test_plane_is_a_weights_only_variant():
+    with pytest.raises(ValueError, match="weights_only"):
+        plane_kernel_source(PlaneSpec(3, "float32", backward=True, plane=(8, 8, 2)))
+
+
+@pytest.mark.parametrize("shape,k,threads", [((64, 192, 28, 28, 4), 5, None),
+                                             ((2, 3, 17, 23, 5), 3, 32),
+                                             ((1, 2, 9, 6, 6), 7, 16),
+                                             ((4, 5, 56, 56, 5), 5, None)])
+def test_weights_only_variant_compiles_the_planners_level_table(shape, k, threads):
+    """The planner gives every weights-only spec its plane; the table the kernel then
+    compiles in is the one the launch passes (the header, filled in per call, aside), and
+    the raw-LL chains and the level taps' phases no longer read it."""
+    b, c, h, w, levels = shape
+    launch = plan_plane(Problem(b, c, h, w, k, levels, 1, "float32", True), True, 227 * 1024,
+                        264, Tuning(threads=threads, dx_forward=True))
+    assert launch.spec.weights_only and launch.spec.plane == (h, w, levels)
+    compiled = _compiled_level_table(launch.spec)
+    assert (compiled[LEVEL_BASE:] == launch.geo[LEVEL_BASE:]).all()
+    source = plane_kernel_source(launch.spec)
+    runtime = plane_kernel_source(launch.spec._replace(plane=()))
+    assert "for j in range(1, L)" in runtime and "for j in range(1, L)" not in source
+    assert "while j0 <= L" in runtime and "while j0 <= L" not in source
+    reads = re.findall(r"geo\[([^\]]*)\]", source)
+    assert reads and all("j" in index for index in reads)  # only at a run-time level
+
+
 def test_fused_finalize_is_a_backward_variant():
     with pytest.raises(ValueError, match="backward"):
         plane_kernel_source(PlaneSpec(3, "float32", fused_finalize=True))
@@ -127,8 +162,10 @@ def test_tap_windows_turn_without_moves(k):
     plane = plane_kernel_source(PlaneSpec(k, "float32", 1, 1, True, False, 32, 1, 0, 8, True))
     weights = plane_kernel_source(PlaneSpec(k, "float32", 1, 1, True, False, 32, 1, 0, 8, True,
                                             weights_only=True))
+    compiled = plane_kernel_source(PlaneSpec(k, "float32", 1, 1, True, False, 32, 1, 0, 8, True,
+                                             weights_only=True, plane=(17, 23, 3)))
     tile = tile_kernel_source(TileSpec(k, "float32", 2, 16, 32, 2, backward=True))
-    for source in (plane, weights, tile):
+    for source in (plane, weights, compiled, tile):
         assert "win_0" in source and "xu0_0" in source
         assert window_moves(source) == []
 

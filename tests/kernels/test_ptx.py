@@ -67,14 +67,17 @@ SPECS = textwrap.dedent("""
               TileSpec(5, "float32", 2, 56, 128, 7, 128, inner_levels=3, height=56, width=56),
               TileSpec(5, "bfloat16", 1, 16, 32, 2, 128, coarse=True, height=14, width=13),
               TileSpec(5, "float32", 2, 32, 64, 4, 128, coarse=True)]
-    # The stride-1 backward: the weight gradients alone (the ConvNeXt-T 56 x 56 and
-    # 14 x 14 launch shapes, shared memory and scratch), and the filters flipped for dx.
+    # The stride-1 backward: the weight gradients alone with the plane's level table
+    # compiled in (the ConvNeXt-T 56 x 56 and 14 x 14 launch shapes, shared memory and
+    # scratch; the 28 x 28 one), and the filters flipped for dx.
     specs += [PlaneSpec(5, storage, 1, 1, True, scratch, threads, strip, 128, group, sync,
-                        fused, weights_only=True)
+                        fused, weights_only=True, plane=plane)
               for storage in STORAGE for scratch in (False, True)
-              for (threads, strip, group, sync, fused) in ((128, 4, 1, False, False),
-                                                           (32, 1, 8, True, True))
+              for (threads, strip, group, sync, fused, plane) in (
+                  (128, 4, 1, False, False, (56, 56, 5)), (32, 1, 8, True, True, (14, 14, 3)))
               if not (scratch and storage == "float16")]
+    specs += [PlaneSpec(5, "float32", 1, 1, True, False, 64, 2, 128, 2, False, False,
+                        weights_only=True, plane=(28, 28, 4))]
     from wtconv_cuda.kernels.flip import FlipSpec
     specs += [FlipSpec(storage, k) for k in (1, 5) for storage in STORAGE]
     # More tap rows than threads per plane: the correlation items as loops (the code

@@ -39,7 +39,9 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import NamedTuple
 
-from .layout import HEADER, HEADER_FIELDS, LEVEL_BASE, LEVEL_FIELDS, LEVEL_STRIDE, bias_index
+from .layout import (
+    HEADER, HEADER_FIELDS, LEVEL_BASE, LEVEL_FIELDS, LEVEL_STRIDE, bias_index, plane_layout,
+)
 
 #: Storage dtypes the kernels read and write (accumulation is always float32).
 STORAGE = ("float32", "float16", "bfloat16")
@@ -89,6 +91,14 @@ class PlaneSpec(NamedTuple):
         ``dy``, builds its raw-LL chain without convolving anything, and
         correlates it with the ``x`` pyramid; ``out`` is never written and
         the taps are never folded.
+    plane : tuple of int
+        ``weights_only`` only: ``(H, W, L)`` of every plane of the launch, or
+        ``()``. The level table's entries are then compiled in
+        (:func:`_level`): the raw-LL chains run unrolled by level with
+        constant offsets, sizes and divisors, and the level taps' phases
+        with constant bounds, where they otherwise read ``geo`` in global
+        memory on every level (loads, then 64-bit divisions by their
+        values, then a barrier).
     """
 
     kernel_size: int
@@ -104,6 +114,7 @@ class PlaneSpec(NamedTuple):
     warp_sync: bool = False
     fused_finalize: bool = False
     weights_only: bool = False
+    plane: tuple = ()
 
 
 #: Partials whose loads ``wtconv_finalize`` issues at once (one channel's
@@ -134,9 +145,10 @@ class FinalizeSpec(NamedTuple):
 class _Emitter:
     """Collects indented source lines."""
 
-    def __init__(self) -> None:
+    def __init__(self, geo=None) -> None:
         self.lines: list[str] = []
         self.depth = 0
+        self.geo = geo  # the level table, where the variant compiles it in (PlaneSpec.plane)
 
     def __call__(self, *lines: str) -> None:
         for line in lines:
@@ -241,6 +253,14 @@ def _lvl(level, field: str) -> str:
     return f"geo[{LEVEL_BASE} + {LEVEL_STRIDE} * ({level}) + {_F[field]}]"
 
 
+def _level(e: "_Emitter", level, field: str) -> str:
+    """A level field: its value where the variant compiles the table in and ``level`` is
+    an int, else the table read of :func:`_lvl`."""
+    if e.geo is not None and isinstance(level, int):
+        return str(int(e.geo[LEVEL_BASE + LEVEL_STRIDE * level + _F[field]]))
+    return _lvl(level, field)
+
+
 def _butterfly(emit: _Emitter, out: str, idx, base: str, phase: str) -> None:
     """Haar butterfly of one coefficient's 2x2 block, stored as four phase planes.
 
@@ -316,7 +336,9 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
         raise ValueError("fused_finalize needs a backward variant")
     if spec.weights_only and not (spec.backward and spec.in_stride == spec.out_stride == 1):
         raise ValueError("weights_only needs a stride-1 backward variant")
-    e = _Emitter()
+    if spec.plane and not (spec.weights_only and len(spec.plane) == 3):
+        raise ValueError(f"plane=(H, W, L) needs a weights_only variant, got {spec!r}")
+    e = _Emitter(_compiled_level_table(spec) if spec.plane else None)
 
     grads = "gw0, gb0, gs0, gww, gws, " if spec.fused_finalize else ""
     e("def wtconv_plane(src, out, xsrc, w0, b0, s0, ww, ws, part, scratch, geo, " + grads
@@ -329,7 +351,8 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
           "fz = float32(0.0)",
           "f05 = float32(0.5)",
           "B = nplanes // C",
-          f"src0 = {_lvl(0, 'src')}", f"sp0 = {_lvl(0, 'pitch')}", f"sph0 = {_lvl(0, 'phase')}")
+          f"src0 = {_level(e, 0, 'src')}", f"sp0 = {_level(e, 0, 'pitch')}",
+          f"sph0 = {_level(e, 0, 'phase')}")
         if spec.scratch:
             e("S = scratch", f"sb = (int64(cuda.blockIdx.x) * {G} + grp) * {_geo('slot')}")
         else:
@@ -338,8 +361,8 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
             e("xshift = xb_off - a_off",
               f"ntaps = {K * K + 1} + {4 * K * K} * L")
         if spec.weights_only:
-            e(f"gsrc0 = {_lvl(0, 'gsrc')}", f"gsp0 = {_lvl(0, 'gpitch')}",
-              f"gsph0 = {_lvl(0, 'gphase')}",
+            e(f"gsrc0 = {_level(e, 0, 'gsrc')}", f"gsp0 = {_level(e, 0, 'gpitch')}",
+              f"gsph0 = {_level(e, 0, 'gphase')}",
               "# The x pyramid's halos and the dy grids' padding stay zero for the",
               "# whole launch.",
               f"for i in range(tid, p_off - a_off, {T}):",
@@ -414,6 +437,13 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
     if spec.warp_sync:  # every other barrier only orders one group's own slot
         text = text.replace("cuda.syncthreads()", "cuda.syncwarp()")
     return text.replace(_BLOCK_BARRIER, "cuda.syncthreads()")
+
+
+def _compiled_level_table(spec: PlaneSpec):
+    """The level table a ``plane`` variant compiles in: the planner's, for the same plane."""
+    height, width, levels = spec.plane
+    return plane_layout(height, width, levels, spec.kernel_size, spec.strip, spec.threads,
+                        1, 1, True, True).geo
 
 
 #: Placeholder of a barrier that stays a block barrier in a ``warp_sync``
@@ -598,41 +628,53 @@ def _emit_ll_chains(e: _Emitter, spec: PlaneSpec, pyramids: list) -> None:
     suffixes = ["", "_b"]
     if not 1 <= len(pyramids) <= len(suffixes):
         raise ValueError(f"one or two pyramids, got {len(pyramids)}")
-    e("for j in range(1, L):")
-    with e.indent():
-        for x, (shift, (fsrc, fpitch, fphase), _) in zip(suffixes, pyramids):
-            e(f"srcp{x} = {_lvl('j - 1', fsrc)}{shift}", f"spp{x} = {_lvl('j - 1', fpitch)}",
-              f"sph{x} = {_lvl('j - 1', fphase)}")
-            if not x:
-                e(f"Hj = {_lvl('j', 'Hj')}", f"Wj = {_lvl('j', 'Wj')}")
-            e(f"srcn{x} = {_lvl('j', fsrc)}{shift}", f"spn{x} = {_lvl('j', fpitch)}",
-              f"sphn{x} = {_lvl('j', fphase)}")
-        # One item per 2 x 2 quad of grid j's coefficients: they land at one position
-        # (my, mx) of its four phase planes, and read one 2 x 2 square of positions
-        # of grid j - 1's phase planes, so the indices are formed once per quad.
-        e("Mj = (Wj + 1) >> 1")
-        with _DivmodLoop(e, "it", "tid", "((Hj + 1) >> 1) * Mj", spec.threads, "Mj", "my", "mx"):
-            for x, (_, _, halo) in zip(suffixes, pyramids):
-                R = (spec.kernel_size - 1) // 2 if halo is None else halo
-                e(f"pq{x} = sb + srcp{x} + (2 * my + {R}) * spp{x} + 2 * mx + {R}",
-                  f"tq{x} = sb + srcn{x} + (my + {R}) * spn{x} + mx + {R}")
-            # every value of the quad before its first store (a store may alias them)
-            checks = (("2 * my + 1 < Hj", 1, 0), ("2 * mx + 1 < Wj", 0, 1))
-            quads = [(a, b, " and ".join(c for c, ra, cb in checks if (ra and a) or (cb and b)))
-                     for a in (0, 1) for b in (0, 1)]
-            for a, b, inside in quads:
-                for x in suffixes[:len(pyramids)]:
-                    p = f"pq{x}" + (f" + spp{x}" if a else "") + (" + 1" if b else "")
-                    value = (f"f05 * ((S[{p}] + S[{p} + sph{x}]) + "
-                             f"(S[{p} + 2 * sph{x}] + S[{p} + 3 * sph{x}]))")
-                    e(f"ll{x}_{a}{b} = {value}" + (f" if {inside} else fz" if inside else ""))
-            for a, b, inside in quads:
-                if inside:
-                    e(f"if {inside}:")
-                with e.indent() if inside else nullcontext():
-                    e(*(f"S[tq{x} + {2 * a + b} * sphn{x}] = ll{x}_{a}{b}"
-                        for x in suffixes[:len(pyramids)]))
-        e("cuda.syncthreads()")
+    if e.geo is None:
+        e("for j in range(1, L):")
+        with e.indent():
+            _emit_ll_level(e, spec, pyramids, "j", "j - 1")
+    else:  # the table compiled in: one block per level, its fields constants
+        for j in range(1, int(e.geo[HEADER["L"]])):
+            e(f"# level {j}'s raw LL")
+            _emit_ll_level(e, spec, pyramids, j, j - 1)
+
+
+def _emit_ll_level(e: _Emitter, spec: PlaneSpec, pyramids: list, j, prev) -> None:
+    """One level of :func:`_emit_ll_chains`: grid ``j`` from grid ``prev`` (ints where the
+    table is compiled in, else expressions of the loop variable), then a barrier."""
+    suffixes = ["", "_b"]
+    for x, (shift, (fsrc, fpitch, fphase), _) in zip(suffixes, pyramids):
+        e(f"srcp{x} = {_level(e, prev, fsrc)}{shift}", f"spp{x} = {_level(e, prev, fpitch)}",
+          f"sph{x} = {_level(e, prev, fphase)}")
+        if not x:
+            e(f"Hj = {_level(e, j, 'Hj')}", f"Wj = {_level(e, j, 'Wj')}")
+        e(f"srcn{x} = {_level(e, j, fsrc)}{shift}", f"spn{x} = {_level(e, j, fpitch)}",
+          f"sphn{x} = {_level(e, j, fphase)}")
+    # One item per 2 x 2 quad of grid j's coefficients: they land at one position
+    # (my, mx) of its four phase planes, and read one 2 x 2 square of positions
+    # of grid j - 1's phase planes, so the indices are formed once per quad.
+    e("Mj = (Wj + 1) >> 1")
+    with _DivmodLoop(e, "it", "tid", "((Hj + 1) >> 1) * Mj", spec.threads, "Mj", "my", "mx"):
+        for x, (_, _, halo) in zip(suffixes, pyramids):
+            R = (spec.kernel_size - 1) // 2 if halo is None else halo
+            e(f"pq{x} = sb + srcp{x} + (2 * my + {R}) * spp{x} + 2 * mx + {R}",
+              f"tq{x} = sb + srcn{x} + (my + {R}) * spn{x} + mx + {R}")
+        # every value of the quad before its first store (a store may alias them)
+        checks = (("2 * my + 1 < Hj", 1, 0), ("2 * mx + 1 < Wj", 0, 1))
+        quads = [(a, b, " and ".join(c for c, ra, cb in checks if (ra and a) or (cb and b)))
+                 for a in (0, 1) for b in (0, 1)]
+        for a, b, inside in quads:
+            for x in suffixes[:len(pyramids)]:
+                p = f"pq{x}" + (f" + spp{x}" if a else "") + (" + 1" if b else "")
+                value = (f"f05 * ((S[{p}] + S[{p} + sph{x}]) + "
+                         f"(S[{p} + 2 * sph{x}] + S[{p} + 3 * sph{x}]))")
+                e(f"ll{x}_{a}{b} = {value}" + (f" if {inside} else fz" if inside else ""))
+        for a, b, inside in quads:
+            if inside:
+                e(f"if {inside}:")
+            with e.indent() if inside else nullcontext():
+                e(*(f"S[tq{x} + {2 * a + b} * sphn{x}] = ll{x}_{a}{b}"
+                    for x in suffixes[:len(pyramids)]))
+    e("cuda.syncthreads()")
 
 
 def _emit_plane_load(e: _Emitter, spec: PlaneSpec, array: str, base: str, rows: str,
@@ -1136,50 +1178,91 @@ def _emit_weight_gradients(e: _Emitter, spec: PlaneSpec) -> None:
     e("cuda.syncthreads()")
 
     e("# level taps: item = (level j, tap row dy, row chunk of coefficients), all 4",
-      "# subbands; the levels of a phase share one list, one item per thread",
-      "j0 = int64(1)",
-      "while j0 <= L:")
-    with e.indent():
-        e(f"j1 = {_lvl('j0', 'phase_last')}",
-          items(f"{_lvl('j1', 'item0')} + {K} * {_lvl('j1', 'chunks')}"))
+      "# subbands; the levels of a phase share one list, one item per thread")
+    if e.geo is None:
+        e("j0 = int64(1)", "while j0 <= L:")
         with e.indent():
+            e(f"j1 = {_lvl('j0', 'phase_last')}")
+            _emit_level_tap_phase(e, spec, "j0", "j1", item, items)
+            e("j0 = j1 + 1")
+    else:  # the table compiled in: one block per phase, its bounds constants
+        levels, j0 = int(e.geo[HEADER["L"]]), 1
+        while j0 <= levels:
+            j1 = int(_level(e, j0, "phase_last"))
+            e(f"# levels {j0}..{j1}")
+            _emit_level_tap_phase(e, spec, j0, j1, item, items)
+            j0 = j1 + 1
+
+
+def _emit_level_tap_phase(e: _Emitter, spec: PlaneSpec, j0, j1, item: str, items) -> None:
+    """One phase of the level taps (levels ``j0..j1``): its items, a barrier, the
+    reduction of its partials, a barrier.
+
+    ``j0`` and ``j1`` are names of the loop's variables, or ints where the
+    variant compiles the level table in; then the phase's bounds are
+    constants, and so is every field of a one-level phase but ``Hj`` and
+    ``Wj`` (constant sizes let LLVM unroll the windows: ptxas then spilled
+    212 B at 14 x 14).
+    """
+    K = spec.kernel_size
+    R, K2, T = (K - 1) // 2, K * K, spec.threads
+    const = isinstance(j0, int)
+    single = const and j0 == j1  # the phase's level is known
+
+    def at(field: str, offset: int = 0) -> str:  # a field of level j + offset
+        if single:
+            return _level(e, j0 + offset, field)
+        return _lvl(f"j {'+' if offset > 0 else '-'} {abs(offset)}" if offset else "j", field)
+
+    if const:
+        count = int(_level(e, j1, "item0")) + K * int(_level(e, j1, "chunks"))
+        e(items(str(count)))
+    else:
+        e(items(f"{_lvl('j1', 'item0')} + {K} * {_lvl('j1', 'chunks')}"))
+    with e.indent():
+        if const:  # the item's level: the last whose first item it reaches
+            e(f"j = int64({j0})")
+            for jj in range(j0 + 1, j1 + 1):
+                e(f"if {item} >= {_level(e, jj, 'item0')}:", f"    j = int64({jj})")
+        else:
             e("j = j0",
               f"while j < j1 and {item} >= {_lvl('j + 1', 'item0')}:",
-              "    j += 1",
-              f"srcp = {_lvl('j - 1', 'src')}", f"spp = {_lvl('j - 1', 'pitch')}",
-              f"sph = {_lvl('j - 1', 'phase')}",
-              f"Hj = {_lvl('j', 'Hj')}", f"Wj = {_lvl('j', 'Wj')}",
-              f"P = {_lvl('j', 'chunks')}",
-              f"u = {item} - {_lvl('j', 'item0')}",
-              "dy = u // P", "ch = u - dy * P")
-            _emit_level_accumulators(e, K)
-            e("qy = ch", "while qy < Hj:")
-            with e.indent():
-                if spec.weights_only:
-                    e(f"gp = sb + {_lvl('j - 1', 'gsrc')} + qy * {_lvl('j - 1', 'gpitch')}",
-                      f"gph = {_lvl('j - 1', 'gphase')}")
-                else:
-                    e(f"gp = sb + srcp + (qy + {R}) * spp + {R}")
-                e("xp = sb + srcp + xshift + (qy + dy) * spp")
-                _emit_block_window(e, K, "xp", "gp", "Wj", "sph",
-                                   gphase="gph" if spec.weights_only else None)
-                e("qy += P")
-            _emit_level_item_sums(e, K, "sb + p_off", item)
-        e("cuda.syncthreads()",
-          "# one tap row (level j, subband k, tap row dy) per thread: its K sums",
-          "# side by side, each over the chunks in order",
-          f"for ru in range(tid, (j1 - j0 + 1) * {4 * K}, {T}):")
+              "    j += 1")
+        e(f"srcp = {at('src', -1)}", f"spp = {at('pitch', -1)}",
+          f"sph = {at('phase', -1)}",
+          f"Hj = {_lvl('j', 'Hj')}", f"Wj = {_lvl('j', 'Wj')}",
+          f"P = {at('chunks')}",
+          f"u = {item} - {at('item0')}",
+          "dy = u // P", "ch = u - dy * P")
+        _emit_level_accumulators(e, K)
+        e("qy = ch", "while qy < Hj:")
         with e.indent():
-            e(f"j = j0 + ru // {4 * K}", f"rr = ru - (j - j0) * {4 * K}",
-              f"k = rr // {K}", f"dy = rr - k * {K}",
-              f"P = {_lvl('j', 'chunks')}")
-            _emit_row_chunk_sums(e, K, f"sb + p_off + (({_lvl('j', 'item0')} + dy * P) * 4 + k)"
-                                 f" * {K}", 4 * K)
-            e("if valid:")
-            with e.indent():
-                e(f"ro = sb + w_off + {K2 + 1} + (j - 1) * {4 * K2} + rr * {K}")
-                e(*(f"S[ro + {dx}] += rt_{dx}" for dx in range(K)))
-        e("cuda.syncthreads()", "j0 = j1 + 1")
+            if spec.weights_only:
+                e(f"gp = sb + {at('gsrc', -1)} + qy * {at('gpitch', -1)}",
+                  f"gph = {at('gphase', -1)}")
+            else:
+                e(f"gp = sb + srcp + (qy + {R}) * spp + {R}")
+            e("xp = sb + srcp + xshift + (qy + dy) * spp")
+            _emit_block_window(e, K, "xp", "gp", "Wj", "sph",
+                               gphase="gph" if spec.weights_only else None)
+            e("qy += P")
+        _emit_level_item_sums(e, K, "sb + p_off", item)
+    rows = f"{(j1 - j0 + 1) * 4 * K}" if const else f"(j1 - j0 + 1) * {4 * K}"
+    e("cuda.syncthreads()",
+      "# one tap row (level j, subband k, tap row dy) per thread: its K sums",
+      "# side by side, each over the chunks in order",
+      f"for ru in range(tid, {rows}, {T}):")
+    with e.indent():
+        e(f"j = {j0} + ru // {4 * K}", f"rr = ru - (j - {j0}) * {4 * K}",
+          f"k = rr // {K}", f"dy = rr - k * {K}",
+          f"P = {at('chunks')}")
+        _emit_row_chunk_sums(e, K, f"sb + p_off + (({at('item0')} + dy * P) * 4 + k)"
+                             f" * {K}", 4 * K)
+        e("if valid:")
+        with e.indent():
+            e(f"ro = sb + w_off + {K2 + 1} + (j - 1) * {4 * K2} + rr * {K}")
+            e(*(f"S[ro + {dx}] += rt_{dx}" for dx in range(K)))
+    e("cuda.syncthreads()")
 
 
 #: Loads in flight in the backward kernels' chunk sums (:func:`_emit_ordered_sum`).

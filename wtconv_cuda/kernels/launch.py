@@ -504,8 +504,8 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
             dims = np.array([p.batch, p.channels, p.levels, int(p.has_bias), nchunks // upart],
                             dtype=np.int64)
             dims.setflags(write=False)
-        if weights_only:
-            spec = spec._replace(weights_only=True)  # dx: the forward kernels
+        if weights_only:  # dx: the forward kernels; the plane's level table compiled in
+            spec = spec._replace(weights_only=True, plane=(p.height, p.width, p.levels))
     geo = with_problem(layout, p.channels, planes, p.has_bias, rb)
     geo.setflags(write=False)  # shared by every call through the plan cache
     header = tuple(np.int64(v) for v in geo[:len(HEADER_FIELDS)])
