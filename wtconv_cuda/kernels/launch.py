@@ -440,8 +440,8 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
     every work unit of their channels (the units per channel divide the
     planes per block) gets the ``fused_finalize`` variant unless
     ``tuning.fuse_finalize`` is False; a backward plan gets the
-    ``weights_only`` variant (``dx`` from the forward kernels) where
-    :func:`dx_from_forward` says so. Plans are cached (``lru_cache``).
+    ``weights_only`` variant (``dx`` from the forward kernels), compiled for
+    the plane (``PlaneSpec.plane``), where :func:`dx_from_forward` says so. Plans are cached (``lru_cache``).
 
     Parameters
     ----------
