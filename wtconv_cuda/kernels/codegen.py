@@ -1367,8 +1367,12 @@ def _emit_pair_window(e: _Emitter, K: int, x_at, g_at, pairs: str, after=None) -
         for n in (K - 1, K):
             e(f"{win(n)} = S[{x_at(n - R + 2 * r, 'm + ')}]")
         e(f"g0 = S[{g_at(0, r)}]", f"g1 = S[{g_at(1, r)}]", "gsum += g0 + g1")
+        # one fused multiply-add per product (a sum of two products first took a
+        # multiply, a fused multiply-add and an add)
         for dx in range(K):
-            e(f"acc_{dx} += {win(dx)} * g0 + {win(dx + 1)} * g1")
+            e(f"acc_{dx} += {win(dx)} * g0")
+        for dx in range(K):
+            e(f"acc_{dx} += {win(dx + 1)} * g1")
 
     def tail(r: int) -> None:  # fewer than `period` pairs were left
         if r == period - 1:
