@@ -170,6 +170,28 @@ def test_tap_windows_turn_without_moves(k):
         assert window_moves(source) == []
 
 
+def accumulations(source: str) -> list:
+    """The right-hand sides of every ``acc... += ...`` statement, as AST nodes."""
+    return [node.value for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add)
+            and isinstance(node.target, ast.Name) and node.target.id.startswith("acc")]
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_each_correlation_product_is_added_on_its_own(k):
+    """Base and level taps add one product per statement (one fused multiply-add each);
+    adding a sum of two products took a multiply, a fused multiply-add and an add."""
+    sources = [plane_kernel_source(PlaneSpec(k, "float32", 1, 1, True, False, 32, 1, 0, 8, True,
+                                             weights_only=weights_only))
+               for weights_only in (False, True)]
+    sources.append(tile_kernel_source(TileSpec(k, "float32", 2, 16, 32, 2, backward=True)))
+    for source in sources:
+        added = accumulations(source)
+        assert any(isinstance(v, ast.BinOp) and isinstance(v.op, ast.Mult) for v in added)
+        assert all(isinstance(v, ast.BinOp) and isinstance(v.op, ast.Mult) for v in added), \
+            [ast.unparse(v) for v in added if not isinstance(v.op, ast.Mult)]
+
+
 TILE_SPECS = [TileSpec(k, storage, levels, tile, threads, strip, backward=backward)
               for k, storage, levels, (tile, threads, strip), backward
               in itertools.product((1, 3, 5), ("float32", "bfloat16"), (0, 1, 3),
