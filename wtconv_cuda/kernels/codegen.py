@@ -1209,10 +1209,10 @@ def _emit_level_tap_phase(e: _Emitter, spec: PlaneSpec, j0, j1, item: str, items
     const = isinstance(j0, int)
     single = const and j0 == j1  # the phase's level is known
 
-    def at(field: str, offset: int = 0) -> str:  # a field of level j + offset
+    def at(field: str, previous: bool = False) -> str:  # a field of level j (or j - 1)
         if single:
-            return _level(e, j0 + offset, field)
-        return _lvl(f"j {'+' if offset > 0 else '-'} {abs(offset)}" if offset else "j", field)
+            return _level(e, j0 - previous, field)
+        return _lvl("j - 1" if previous else "j", field)
 
     if const:
         count = int(_level(e, j1, "item0")) + K * int(_level(e, j1, "chunks"))
@@ -1228,8 +1228,8 @@ def _emit_level_tap_phase(e: _Emitter, spec: PlaneSpec, j0, j1, item: str, items
             e("j = j0",
               f"while j < j1 and {item} >= {_lvl('j + 1', 'item0')}:",
               "    j += 1")
-        e(f"srcp = {at('src', -1)}", f"spp = {at('pitch', -1)}",
-          f"sph = {at('phase', -1)}",
+        e(f"srcp = {at('src', True)}", f"spp = {at('pitch', True)}",
+          f"sph = {at('phase', True)}",
           f"Hj = {_lvl('j', 'Hj')}", f"Wj = {_lvl('j', 'Wj')}",
           f"P = {at('chunks')}",
           f"u = {item} - {at('item0')}",
@@ -1238,8 +1238,8 @@ def _emit_level_tap_phase(e: _Emitter, spec: PlaneSpec, j0, j1, item: str, items
         e("qy = ch", "while qy < Hj:")
         with e.indent():
             if spec.weights_only:
-                e(f"gp = sb + {at('gsrc', -1)} + qy * {at('gpitch', -1)}",
-                  f"gph = {at('gphase', -1)}")
+                e(f"gp = sb + {at('gsrc', True)} + qy * {at('gpitch', True)}",
+                  f"gph = {at('gphase', True)}")
             else:
                 e(f"gp = sb + srcp + (qy + {R}) * spp + {R}")
             e("xp = sb + srcp + xshift + (qy + dy) * spp")
