@@ -17,7 +17,10 @@ from wtconv_cuda.kernels.launch import (
     REGISTER_FORCE_MAX_PIXELS, REGISTER_MAX_PIXELS, REGISTER_THREADS, Problem, RegisterSpec,
     Tuning, Weights, plan_registers, planned_specs, run_backward, run_forward, work_buffers,
 )
-from wtconv_cuda.kernels.registers import grids, register_kernel_source
+from wtconv_cuda.kernels.codegen import _Emitter
+from wtconv_cuda.kernels.registers import (
+    STAGING_LOADS, STAGING_LOADS_BACKWARD, _emit_staging_load, grids, register_kernel_source,
+)
 
 from ._backends import RecordingBackend
 from ._oracle import backward_errors, random_layer
@@ -124,6 +127,41 @@ def test_generated_code_skips_padding():
                                                                    threads=48)):
         with pytest.raises(ValueError):
             register_kernel_source(bad)
+
+
+class _Recorder(dict):
+    """Stands for a global array (reading ``[i]`` gives ``i``) and for the shared
+    buffer (each word written once)."""
+
+    def __getitem__(self, index):
+        return index
+
+    def __setitem__(self, index, value):
+        assert index not in self, f"word {index} written twice"
+        super().__setitem__(index, value)
+
+
+@pytest.mark.parametrize("ahead", [STAGING_LOADS, STAGING_LOADS_BACKWARD])
+@pytest.mark.parametrize("threads,pixels", [(32, 49), (128, 49), (64, 64), (32, 7), (96, 30)])
+def test_staging_load_moves_every_element_once(threads, pixels, ahead):
+    """Run the generated staging load in Python for every thread of a block: each block
+    plane's pixel lands once in its shared word, read from plane ``A[pl]`` of the array,
+    and ``ahead`` loads come before the first shared store."""
+    e = _Emitter()
+    pitch, base = pixels + 3, 17
+    _emit_staging_load(e, "float32", threads, pixels, pitch, base, "x", ahead)
+    code = e.text()
+    table = [(5 * pl + 3) % threads for pl in range(threads)]  # a permutation of the planes
+    shared = _Recorder()
+    for t in range(threads):
+        exec(code, {"t": t, "A": table, "x": _Recorder(), "S": shared, "int64": int})
+    want = {base + pl * pitch + px: table[pl] * pixels + px
+            for pl in range(threads) for px in range(pixels)}
+    assert dict(shared) == want
+    lines = code.splitlines()
+    first_store = next(i for i, line in enumerate(lines) if line.startswith("S["))
+    assert sum("= x[" in line for line in lines[:first_store]) == min(ahead, pixels)
+    assert "for " not in code and "//" in lines[0]  # one division per thread, no loop
 
 
 def register_backward_errors(rng, shape, levels, k, stride, storage="float32", bias=True,

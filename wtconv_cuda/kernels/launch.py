@@ -815,13 +815,15 @@ REGISTER_THREADS = 128
 #: ``.maxnreg`` of the register kernel. A 7 x 7 plane (L 2, K 5) fits in 168
 #: registers without spills; on an H200 at 64 x 768 x 7 x 7 fp32 the forward
 #: took 22.3 us at 168, 28.4 us at 128 (144 B of local memory per thread) and
-#: 44.5 us left free (241 registers: fewer resident warps).
+#: 44.5 us left free (241 registers: fewer resident warps), before its staging load
+#: was unrolled (16.6 us at 168 since).
 REGISTER_KERNEL_CAP = 168
 #: ``.maxnreg`` of its backward. At 7 x 7 (L 2, K 5) a 128-thread block holds
 #: 74 KB of shared memory, so three fit in a multiprocessor when the registers
 #: allow it (168 per thread): the problem's 1,536 warps then run in one wave.
 #: On an H200 at 64 x 768 x 7 x 7 fp32 the backward took 56.4 us at 168 (176 B of
-#: local memory per thread) and 92.9 us at 255 (242 registers, two blocks).
+#: local memory per thread) and 92.9 us at 255 (242 registers, two blocks), before
+#: its staging load was unrolled (34.7 us at 168 since, 144 B).
 REGISTER_BACKWARD_CAP = 168
 #: ``Tuning(registers=True)`` forces the register kernel up to this many pixels.
 REGISTER_FORCE_MAX_PIXELS = 256
