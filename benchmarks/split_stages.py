@@ -20,6 +20,9 @@ split's (``inner=false``).
     python benchmarks/split_stages.py
     python benchmarks/split_stages.py --configs 64x96x56x56:5 \\
         --coarse-tunings default threads=8 max_registers=96 split=1 registers=true
+    python benchmarks/split_stages.py --configs 16x384x14x14:3 \\
+        --split-tuning split=1,tile=16,threads=32,strip=2 \\
+        --whole-tunings default split=1,tile=16,threads=32,strip=2
 """
 
 from __future__ import annotations
@@ -74,7 +77,8 @@ def coarse_weights(rng, channels: int, k: int, levels: int) -> Weights:
                    normal(levels, channels, 4, k, k), normal(levels, channels, 4))
 
 
-#: The split without the inner levels that replace it on planes one tile covers.
+#: The split without the inner levels that replace it on planes one tile covers
+#: (``--split-tuning`` adds fields, e.g. to split a problem the planner keeps whole).
 SPLIT = Tuning(inner=False)
 
 
@@ -152,8 +156,12 @@ def main():
     parser.add_argument("--coarse-tunings", nargs="+", default=["default"])
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--storage", default="float32", choices=["float32", "float16"])
+    parser.add_argument("--split-tuning", default="default",
+                        help="Tuning fields of the split whose stages are timed")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    global SPLIT
+    SPLIT = parse_tuning(args.split_tuning)._replace(inner=False)
     rng = np.random.default_rng(0)
     results = []
     for text in args.configs:
