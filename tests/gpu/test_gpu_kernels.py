@@ -396,16 +396,18 @@ def test_dx_in_the_plane_kernel_or_the_forward(shape, levels, k, stride, tuning,
 @pytest.mark.parametrize("storage", ["bfloat16", "float16"])
 def test_planner_dx_forward_chunks_at_convnext_stage(storage):
     """The planner's own choice at the 28 x 28 stage in 16-bit storage: dx from the
-    forward kernels in two batch chunks (their float32 work buffers, per chunk, stay
-    within the memory budget); at 56 x 56 in one (its forward runs the coarse levels in
-    the tiles' blocks: no work buffers)."""
+    forward kernels in one batch chunk (its split forward pools in place: its float32
+    work buffer stays within the memory budget), and at 14 x 14 in two; at 56 x 56 in
+    one (its forward runs the coarse levels in the tiles' blocks: no work buffers)."""
     if 5 not in KERNEL_SIZES:
         pytest.skip("K = 5 runs in another GPU process")
     kernels = backend()
     problem = Problem(64, 96, 56, 56, 5, 5, 1, storage, True)
     assert dx_forward_batches(problem, kernels.shared_limit, kernels.max_slots) == (64,)
-    problem = Problem(64, 192, 28, 28, 5, 4, 1, storage, True)
+    problem = Problem(64, 384, 14, 14, 5, 3, 1, storage, True)
     assert dx_forward_batches(problem, kernels.shared_limit, kernels.max_slots) == (32, 32)
+    problem = Problem(64, 192, 28, 28, 5, 4, 1, storage, True)
+    assert dx_forward_batches(problem, kernels.shared_limit, kernels.max_slots) == (64,)
     run_case((64, 192, 28, 28), 4, 5, 1, storage)
 
 

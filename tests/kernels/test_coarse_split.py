@@ -16,8 +16,8 @@ from wtconv_cuda.kernels.coarse import (
     CoarseOutSpec, CoarseSpec, coarse_in_source, coarse_layout, coarse_out_source,
 )
 from wtconv_cuda.kernels.launch import (
-    SPLIT_FINE_LEVELS, Problem, Tuning, Weights, plan_split, plan_tiles, planned_specs,
-    run_backward, run_forward, work_buffers,
+    SPLIT_FINE_LEVELS, Problem, Tuning, Weights, plan_registers, plan_split, plan_tiles,
+    planned_specs, run_backward, run_forward, work_buffers,
 )
 from wtconv_cuda.kernels.tiles import TileSpec, tile_geometry, tile_kernel_source
 
@@ -184,6 +184,27 @@ def test_planned_specs_of_a_split_pass():
     assert specs[0] == back.coarse_in and specs[-3:] == [
         back.tiles.spec, FinalizeSpec(5, "float32", 128), back.coarse_out]
     assert specs[1:-3] == planned_specs(back.coarse, True, LIMIT, 264)
+
+
+def test_split_forward_pools_in_place_when_the_coarse_pass_runs_on_registers():
+    """The ConvNeXt-T 28 x 28 and 14 x 14 forwards' coarse problems (7 x 7) run on the
+    register kernel, over the pooled band: one work buffer, the coarse output and the
+    parameters. Larger coarse planes, and every backward, keep the pooled buffer."""
+    for problem in [Problem(64, 192, 28, 28, 5, 4, 1, "bfloat16", True),
+                    Problem(64, 384, 14, 14, 5, 3, 1, "float32", True)]:
+        plan = plan_split(problem, LIMIT, SPLIT)
+        assert plan.in_place and plan_registers(plan.coarse, LIMIT) is not None
+        assert work_buffers(problem, False, LIMIT, 264, SPLIT) == (plan.layout.floats,)
+        assert plan.layout.floats < plan.layout.plane + plan.layout.pooled_floats
+        back = plan_split(problem, LIMIT, Tuning(split=plan.split), backward=True)
+        assert not back.in_place
+        assert work_buffers(problem, True, LIMIT, 264, Tuning(split=plan.split))[:2] == (
+            back.layout.pooled_floats, back.layout.floats)
+    big = Problem(8, 64, 512, 512, 5, 5, 1, "float32", True)
+    plan = plan_split(big, LIMIT)
+    assert not plan.in_place
+    assert work_buffers(big, False, LIMIT, 264)[:2] == (plan.layout.pooled_floats,
+                                                        plan.layout.floats)
 
 
 def test_coarse_layout_packs_the_buffers():

@@ -45,12 +45,16 @@ def test_convnext_stages_take_dx_from_the_forward_within_the_budget(stage, stora
 
 def test_chunks_follow_the_forward_work_buffers():
     """One chunk where the forward needs no work buffers (56 x 56 in both dtypes: its
-    coarse levels run in the tiles' blocks), two for bfloat16 at 14 x 14 (the whole
-    batch's split forward holds float32 buffers; half a batch runs on the plane kernel)."""
+    coarse levels run in the tiles' blocks) or few (bfloat16 at 28 x 28: its split pools
+    in place, 0.14 x the bytes of x), two for bfloat16 at 14 x 14 (the whole batch's split
+    forward holds float32 buffers; half a batch runs on the plane kernel)."""
     fp32 = Problem(64, 96, 56, 56, 5, 5, 1, "float32", True)
     assert dx_forward_batches(fp32, LIMIT, SLOTS) == (64,)
     assert dx_forward_batches(fp32._replace(storage="bfloat16"), LIMIT, SLOTS) == (64,)
     assert work_buffers(launch._dx_problem(fp32), False, LIMIT, SLOTS) == ()
+    bf16 = Problem(64, 192, 28, 28, 5, 4, 1, "bfloat16", True)
+    assert dx_forward_batches(bf16, LIMIT, SLOTS) == (64,)
+    assert _held_fraction(bf16, (64,)) < 0.15  # the band (0.13) and the flipped filters
     bf16 = Problem(64, 384, 14, 14, 5, 3, 1, "bfloat16", True)
     assert dx_forward_batches(bf16, LIMIT, SLOTS) == (32, 32)
 

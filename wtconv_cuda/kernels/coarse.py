@@ -33,7 +33,10 @@ the rest::
 
     [ r | zero base weight (C K K) | zero base scale (C) | w_j, j > c | s_j, j > c ]
 
-(``r`` is written by step 2). The backward's::
+(``r`` is written by step 2). Where step 2 runs on the register kernel,
+which may write its output over its input, the forward needs only the
+second buffer: ``wtconv_coarse_in`` pools ``x`` into the area of ``r``
+(``SplitPlan.in_place``). The backward's::
 
     [ gradient of v_c | parameters as above | their gradients ]
 
@@ -163,7 +166,7 @@ def coarse_layout(batch: int, channels: int, coarse_height: int, coarse_width: i
 def coarse_in_source(spec: CoarseSpec) -> str:
     """Python source of ``wtconv_coarse_in`` for ``spec``.
 
-    Arguments: ``(x, [dy,] ww, ws, pooled, keep, H, W, npool, nzero, nweight,
+    Arguments: ``(x, [dy,] ww, ws, pooled, params, H, W, npool, nzero, nweight,
     nscale, wstart, sstart)``: pointers to the storage type for the pooled
     arrays and the parameters ``ww`` ``(L, C, 4, K, K)`` and ``ws`` ``(L, C,
     4)``, float32 pointers to the two work buffers, then int64 scalars.
@@ -172,7 +175,8 @@ def coarse_in_source(spec: CoarseSpec) -> str:
     array (written at ``pooled[i]``, ``pooled[npool + i]``; the band is
     ``spec.height x spec.width``), then ``nzero`` zeros (base weight and
     scale), the coarse ``ww[wstart:]`` and ``ws[sstart:]`` as float32,
-    written into ``keep`` after its output area (which is ``npool`` long).
+    written into ``params`` from its start (the work buffer's view from
+    ``CoarseLayout.base_weight``).
 
     Parameters
     ----------
@@ -204,7 +208,7 @@ def coarse_in_source(spec: CoarseSpec) -> str:
         raise ValueError(f"height and width must be positive, got {hc} x {wc}")
     arrays = ["x", "dy"][:spec.pooled]
     e = _Emitter()
-    e(f"def wtconv_coarse_in({', '.join(arrays)}, ww, ws, pooled, keep, H, W, npool, "
+    e(f"def wtconv_coarse_in({', '.join(arrays)}, ww, ws, pooled, params, H, W, npool, "
       "nzero, nweight, nscale, wstart, sstart):")
     with e.indent():
         e("fz = float32(0.0)", "f05 = float32(0.5)",
@@ -225,11 +229,11 @@ def coarse_in_source(spec: CoarseSpec) -> str:
         e("elif i < npool + nzero + nweight + nscale:")
         with e.indent():
             e("j = i - npool",
-              "if j < nzero:", "    keep[npool + j] = fz",
+              "if j < nzero:", "    params[j] = fz",
               "elif j < nzero + nweight:",
-              f"    keep[npool + j] = {_load(spec.storage, 'ww[wstart + j - nzero]')}",
+              f"    params[j] = {_load(spec.storage, 'ww[wstart + j - nzero]')}",
               "else:",
-              f"    keep[npool + j] = "
+              f"    params[j] = "
               f"{_load(spec.storage, 'ws[sstart + j - nzero - nweight]')}")
     return e.text()
 
