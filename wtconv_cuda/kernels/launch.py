@@ -1537,8 +1537,9 @@ def _run_forward_split(backend, problem: Problem, x, y, weights: Weights,
     lay, q, tiled = split.layout, split.coarse, split.tiles
     if split.in_place:
         keep = backend.float32(lay.floats)
-        # Exact views: the simulator copies each array argument in and out (the coarse
-        # pass's output after its input, so the output is what stays).
+        # Exact views: the simulator copies each array argument in and back out, in
+        # order; ``out`` is the register kernel's input and then its output, so the
+        # output's copy is the one that stays.
         out = backend.view(keep, lay.out, lay.plane)
         _launch_coarse_in(backend, split, (x,), weights, out, keep)
         run_forward(backend, q, out, out,

@@ -711,11 +711,11 @@ def _emit_staging(e: _Emitter, direction: str, storage: str, threads: int, pixel
     memory) where a thread reading its own plane would touch 32. Element ``i``
     is pixel ``i % pixels`` of the block's plane ``i // pixels``, which is
     plane ``A[i // pixels]`` of the array. ``direction`` "load" converts
-    ``array`` into float32 words of the buffer (from word ``base``, planes
-    ``pitch`` apart, ``ahead`` loads before their stores (load only), see
-    :func:`_emit_staging_load`), "store" rounds them into ``array`` (the
-    block's ``nvalid`` planes; quotient and remainder are stepped, not
-    divided).
+    ``array`` into float32 words of the buffer, from word ``base`` with planes
+    ``pitch`` apart, issuing ``ahead`` loads before their stores
+    (:func:`_emit_staging_load`). "store" rounds those words into ``array``
+    for the block's ``nvalid`` planes, in a loop whose quotient and remainder
+    are stepped, not divided.
     """
     if direction == "load":
         _emit_staging_load(e, storage, threads, pixels, pitch, base, array, ahead)
@@ -727,7 +727,6 @@ def _emit_staging(e: _Emitter, direction: str, storage: str, threads: int, pixel
         e(f"g_{tag} = int64(A[pl_{tag}]) * {pixels} + px_{tag}")
         _store_rounded(e, storage, f"{array}[g_{tag}]",
                        f"S[{base} + pl_{tag} * {pitch} + px_{tag}]", tag)
-
 
 
 def _emit_staging_load(e: _Emitter, storage: str, threads: int, pixels: int, pitch: int,
