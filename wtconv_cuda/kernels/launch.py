@@ -1356,10 +1356,9 @@ def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots:
     if plan_registers(problem, shared_limit, tuning, backward) is not None:
         return ()
     split = plan_split(problem, shared_limit, tuning, backward)
-    if split is not None and split.in_place:
-        return (split.layout.floats,)  # (the register kernel needs no work buffer)
     if split is not None:
-        sizes = (split.layout.pooled_floats, split.layout.floats) + work_buffers(
+        pooled = () if split.in_place else (split.layout.pooled_floats,)
+        sizes = pooled + (split.layout.floats,) + work_buffers(
             split.coarse, backward, shared_limit, max_slots)
         return sizes + (split.tiles.partial_floats,) if backward else sizes
     tiled = plan_tiles(problem, shared_limit, tuning, backward)
@@ -1535,20 +1534,20 @@ def _run_forward_split(backend, problem: Problem, x, y, weights: Weights,
                        split: SplitPlan) -> None:
     """The forward of a split pass: pool, coarse levels, then the fine levels on tiles."""
     lay, q, tiled = split.layout, split.coarse, split.tiles
+    # Exact views: the simulator copies each array argument in and back out, in order.
+    # In place, ``out`` is the register kernel's input and then its output, so the
+    # output's copy is the one that stays.
     if split.in_place:
-        keep = backend.float32(lay.floats)
-        # Exact views: the simulator copies each array argument in and back out, in
-        # order; ``out`` is the register kernel's input and then its output, so the
-        # output's copy is the one that stays.
-        out = backend.view(keep, lay.out, lay.plane)
-        _launch_coarse_in(backend, split, (x,), weights, out, keep)
-        run_forward(backend, q, out, out,
-                    _coarse_weights(backend, keep, lay, problem, q.levels, lay.base_weight))
+        pool = keep = backend.float32(lay.floats)
+        band = out = backend.view(keep, lay.out, lay.plane)
+        _launch_coarse_in(backend, split, (x,), weights, band, keep)
     else:
         pool, keep = _run_coarse_in(backend, problem, split, (x,), weights)
+        band = backend.view(pool, lay.pooled[0], lay.plane)
         out = backend.view(keep, lay.out, lay.plane)
-        run_forward(backend, q, backend.view(pool, lay.pooled[0], lay.plane), out,
-                    _coarse_weights(backend, keep, lay, problem, q.levels, lay.base_weight))
+    run_forward(backend, q, band, out,
+                _coarse_weights(backend, keep, lay, problem, q.levels, lay.base_weight))
+    if not split.in_place:
         backend.release(pool)
     args = (x, y, *weights, *_int64s(problem.height, problem.width, problem.channels,
                                      int(problem.has_bias), tiled.tiles_x, tiled.ntiles),

@@ -39,7 +39,7 @@ Every value lives in a register, so the plane must be small: the planner
 elements apart, so a block first copies its planes into shared memory as
 one list of elements (a warp's load touches one or two planes' contiguous
 bytes), each thread reads its plane from there, and the outputs leave the
-same way (:func:`_emit_staging`). The backward variant
+same way (:func:`_emit_staging_load`, :func:`_emit_staging_store`). The backward variant
 (:func:`register_backward_source`) also writes the parameter gradients.
 """
 
@@ -213,7 +213,7 @@ def register_kernel_source(spec: RegisterSpec) -> str:
     e("def wtconv_registers(x, y, w0, b0, s0, ww, ws, B, C, has_bias):")
     with e.indent():
         _emit_prologue(e, T)
-        _emit_staging(e, "load", st, T, H * W, PX, 0, "x", STAGING_LOADS)
+        _emit_staging_load(e, st, T, H * W, PX, 0, "x", STAGING_LOADS)
         e("cuda.syncthreads()",
           f"xs = t * {PX}",
           f"ys = {T * PX} + t * {PY}")
@@ -222,7 +222,7 @@ def register_kernel_source(spec: RegisterSpec) -> str:
                    for r in range(0, H, S) for col in range(0, W, S)}
         _emit_plane(e, spec, lambda r, col: f"S[xs + {r * W + col}]", outputs, flip=False)
         e("cuda.syncthreads()")
-        _emit_staging(e, "store", st, T, Ho * Wo, PY, T * PX, "y")
+        _emit_staging_store(e, st, T, Ho * Wo, PY, T * PX, "y")
     return e.text()
 
 
@@ -561,8 +561,8 @@ def register_backward_source(spec: RegisterSpec) -> str:
         _emit_prologue(e, T)
         e(f"L = {L}", f"ntaps = {lay.ntaps}", "fz = float32(0.0)",
           f"runs = {T} // B  # whole channels in the block")
-        _emit_staging(e, "load", st, T, Ho * Wo, PY, lay.dy, "dy", STAGING_LOADS_BACKWARD)
-        _emit_staging(e, "load", st, T, H * W, PX, lay.x, "x", STAGING_LOADS_BACKWARD)
+        _emit_staging_load(e, st, T, Ho * Wo, PY, lay.dy, "dy", STAGING_LOADS_BACKWARD)
+        _emit_staging_load(e, st, T, H * W, PX, lay.x, "x", STAGING_LOADS_BACKWARD)
         e("cuda.syncthreads()",
           f"dys = {lay.dy} + t * {PY}",
           f"xs = {lay.x} + t * {PX}",
@@ -570,7 +570,7 @@ def register_backward_source(spec: RegisterSpec) -> str:
         outputs = {(r, col): f"S[dxs + {r * W + col}]" for r in range(H) for col in range(W)}
         _emit_plane(e, spec, dy_at, outputs, flip=True)
         e("cuda.syncthreads()")
-        _emit_staging(e, "store", st, T, H * W, PX, lay.work, "dx")
+        _emit_staging_store(e, st, T, H * W, PX, lay.work, "dx")
         e("cuda.syncthreads()")
 
         e("lane = t % 32", "warp = t // 32",
@@ -701,26 +701,22 @@ def _chain_sum(e: _Emitter, tag: str, names: list) -> str:
     return acc
 
 
-def _emit_staging(e: _Emitter, direction: str, storage: str, threads: int, pixels: int,
-                  pitch: int, base: int, array: str, ahead: int = 1) -> None:
-    """Copy the block's planes between global memory and the shared buffer, coalesced.
+def _emit_staging_store(e: _Emitter, storage: str, threads: int, pixels: int, pitch: int,
+                        base: int, array: str) -> None:
+    """Store the block's planes from the shared buffer into ``array``, coalesced.
 
     The block's planes of ``pixels`` elements are taken as one list of
     elements; thread ``t`` moves elements ``t, t + threads, ...``, so a warp
     touches one or two planes per instruction (each plane is contiguous in
-    memory) where a thread reading its own plane would touch 32. Element ``i``
+    memory) where a thread writing its own plane would touch 32. Element ``i``
     is pixel ``i % pixels`` of the block's plane ``i // pixels``, which is
-    plane ``A[i // pixels]`` of the array. ``direction`` "load" converts
-    ``array`` into float32 words of the buffer, from word ``base`` with planes
-    ``pitch`` apart, issuing ``ahead`` loads before their stores
-    (:func:`_emit_staging_load`). "store" rounds those words into ``array``
-    for the block's ``nvalid`` planes, in a loop whose quotient and remainder
-    are stepped, not divided.
+    plane ``A[i // pixels]`` of the array, and float32 word ``base + (i //
+    pixels) * pitch + i % pixels`` of the buffer. The loop covers the block's
+    ``nvalid`` planes; its quotient and remainder are stepped, not divided.
+    Each word is rounded once to ``storage``. :func:`_emit_staging_load` is the
+    same copy the other way.
     """
-    if direction == "load":
-        _emit_staging_load(e, storage, threads, pixels, pitch, base, array, ahead)
-        return
-    tag = f"{direction}_{array}"
+    tag = f"store_{array}"
     e(f"n_{tag} = int64({pixels})")
     with _DivmodLoop(e, f"i_{tag}", "t", f"nvalid * {pixels}", threads, f"n_{tag}", f"pl_{tag}",
                      f"px_{tag}"):
@@ -731,8 +727,9 @@ def _emit_staging(e: _Emitter, direction: str, storage: str, threads: int, pixel
 
 def _emit_staging_load(e: _Emitter, storage: str, threads: int, pixels: int, pitch: int,
                        base: int, array: str, ahead: int) -> None:
-    """The staging load, unrolled: each thread copies ``pixels`` elements of the block's
-    ``threads`` planes, ``ahead`` loads before their stores.
+    """Load the block's planes into the shared buffer as float32 words, unrolled: each
+    thread copies ``pixels`` elements of the block's ``threads`` planes (in the element
+    order of :func:`_emit_staging_store`), ``ahead`` loads before their stores.
 
     A loop with one load and its store per iteration makes a thread wait out
     one memory latency per element (49 for a 7 x 7 plane), and a small problem
