@@ -4,9 +4,10 @@ At the ConvNeXt-T stages, for each dtype: the backward (``dx`` and every
 weight gradient, ``wtconv_cuda.kernels.launch.run_backward``) with
 
 - ``one-kernel``: ``dx`` in the plane kernel (``Tuning(dx_forward=False)``);
-- ``default``: the planner's choice, which since batch-chunked ``dx`` forwards
-  computes ``dx`` with the forward kernels in as many batch chunks as keep their
-  work buffers within ``DX_FORWARD_BUFFER_FRACTION`` of the bytes of ``x``;
+- ``default``: the planner's choice (``dx_forward_plan``): ``dx`` from the
+  forward kernels in batch chunks whose work buffers stay within
+  ``DX_FORWARD_BUFFER_FRACTION`` of the bytes of ``x``, on the forward without
+  a split where no split fits ("no split");
 - ``whole``: ``dx`` from the forward kernels on the whole batch at once,
   whatever its work buffers (``Tuning(dx_forward=True, dx_batch=B)``).
 
@@ -66,11 +67,12 @@ def bench_stage(stage, storage, backend):
         def step(x, dy, tuning=tuning):
             launch.run_backward(backend, problem, x, dy, dx, weights, grads, tuning)
         ms = time_median(step, sets, CupyEventTimer(cupy), 30, 3).median_ms
-        batches = launch.dx_forward_batches(problem, backend.shared_limit, backend.max_slots,
-                                            tuning)
+        plan = launch.dx_forward_plan(problem, backend.shared_limit, backend.max_slots, tuning)
+        batches = () if plan is None else plan.batches
         held = (launch.dx_forward_floats(problem, batches, backend.shared_limit,
-                                         backend.max_slots) if batches else 0)
+                                         backend.max_slots, plan.tuning) if batches else 0)
         row[name] = dict(ms=ms, batches=list(batches),
+                         no_split=bool(batches) and plan.tuning == launch.DX_NO_SPLIT,
                          dx_buffers_of_x=4 * held / (b * c * h * w * itemsize))
     return row
 
@@ -87,7 +89,8 @@ def main():
             row = bench_stage(stage, storage, backend)
             rows.append(row)
             print(f"{str(tuple(stage)):24s} {storage:9s} " + "  ".join(
-                f"{n} {row[n]['ms']:.3f} ms {row[n]['batches']} "
+                f"{n} {row[n]['ms']:.3f} ms {row[n]['batches']}"
+                f"{' no split' if row[n]['no_split'] else ''} "
                 f"({row[n]['dx_buffers_of_x']:.2f} x)" for n in ("one-kernel", "default", "whole")),
                 flush=True)
     if args.json:

@@ -26,8 +26,8 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 
 from wtconv_cuda import reference  # noqa: E402
 from wtconv_cuda.kernels.launch import (  # noqa: E402
-    CupyBackend, Problem, Tuning, Weights, plan_plane, plan_registers, plan_split, plan_tiles,
-    dx_forward_batches, run_backward, run_forward,
+    DX_NO_SPLIT, CupyBackend, DxForward, Problem, Tuning, Weights, dx_forward_plan, plan_plane,
+    plan_registers, plan_split, plan_tiles, run_backward, run_forward,
 )
 from wtconv_cuda.weights import WTConvWeights  # noqa: E402
 
@@ -395,19 +395,23 @@ def test_dx_in_the_plane_kernel_or_the_forward(shape, levels, k, stride, tuning,
 
 @pytest.mark.parametrize("storage", ["bfloat16", "float16"])
 def test_planner_dx_forward_chunks_at_convnext_stage(storage):
-    """The planner's own choice at the 28 x 28 stage in 16-bit storage: dx from the
-    forward kernels in one batch chunk (its split forward pools in place: its float32
-    work buffer stays within the memory budget), and at 14 x 14 in two; at 56 x 56 in
-    one (its forward runs the coarse levels in the tiles' blocks: no work buffers)."""
+    """The planner's own choice at the 28 x 28 and 14 x 14 stages in 16-bit storage:
+    dx from the forward kernels in one batch chunk. At 28 x 28 its split forward pools
+    in place (its float32 work buffer stays within the memory budget); at 14 x 14 no
+    split fits, even on half the batch, and the plane kernel's forward takes the whole
+    batch; at 56 x 56 the forward runs the coarse levels in the tiles' blocks (no work
+    buffers)."""
     if 5 not in KERNEL_SIZES:
         pytest.skip("K = 5 runs in another GPU process")
     kernels = backend()
+    limits = kernels.shared_limit, kernels.max_slots
     problem = Problem(64, 96, 56, 56, 5, 5, 1, storage, True)
-    assert dx_forward_batches(problem, kernels.shared_limit, kernels.max_slots) == (64,)
+    assert dx_forward_plan(problem, *limits) == DxForward((64,), Tuning())
     problem = Problem(64, 384, 14, 14, 5, 3, 1, storage, True)
-    assert dx_forward_batches(problem, kernels.shared_limit, kernels.max_slots) == (32, 32)
+    assert dx_forward_plan(problem, *limits) == DxForward((64,), DX_NO_SPLIT)
+    run_case((64, 384, 14, 14), 3, 5, 1, storage)
     problem = Problem(64, 192, 28, 28, 5, 4, 1, storage, True)
-    assert dx_forward_batches(problem, kernels.shared_limit, kernels.max_slots) == (64,)
+    assert dx_forward_plan(problem, *limits) == DxForward((64,), Tuning())
     run_case((64, 192, 28, 28), 4, 5, 1, storage)
 
 

@@ -8,8 +8,9 @@ import pytest
 
 from wtconv_cuda.kernels import launch
 from wtconv_cuda.kernels.launch import (
-    DX_FORWARD_BUFFER_FRACTION, DX_FORWARD_MAX_CHUNKS, ITEMSIZE, Problem, Tuning,
-    dx_forward_batches, dx_from_forward, planned_specs, work_buffers,
+    DX_FORWARD_BUFFER_FRACTION, DX_FORWARD_MAX_CHUNKS, DX_NO_SPLIT, ITEMSIZE, DxForward, Problem,
+    Tuning, dx_forward_batches, dx_forward_plan, dx_from_forward, plan_split, planned_specs,
+    work_buffers,
 )
 
 LIMIT, SLOTS = 227 * 1024 - 1024, 264
@@ -18,10 +19,10 @@ LIMIT, SLOTS = 227 * 1024 - 1024, 264
 STAGES = [(64, 96, 56, 56, 5), (64, 192, 28, 28, 4), (64, 384, 14, 14, 3)]
 
 
-def _held_fraction(problem, batches):
+def _held_fraction(problem, batches, forward=Tuning()):
     """float32 bytes live while dx runs, as a fraction of the bytes of x."""
     elements = problem.batch * problem.channels * problem.height * problem.width
-    held = launch.dx_forward_floats(problem, batches, LIMIT, SLOTS)
+    held = launch.dx_forward_floats(problem, batches, LIMIT, SLOTS, forward)
     return 4 * held / (elements * ITEMSIZE[problem.storage])
 
 
@@ -29,16 +30,16 @@ def _held_fraction(problem, batches):
 @pytest.mark.parametrize("stage", STAGES)
 def test_convnext_stages_take_dx_from_the_forward_within_the_budget(stage, storage):
     problem = Problem(*stage[:4], 5, stage[4], 1, storage, True)
-    batches = dx_forward_batches(problem, LIMIT, SLOTS)
+    batches, forward = dx_forward_plan(problem, LIMIT, SLOTS)
     assert batches and sum(batches) == problem.batch
     assert len(batches) <= DX_FORWARD_MAX_CHUNKS
     assert max(batches) - min(batches) <= 1 and list(batches) == sorted(batches, reverse=True)
-    assert _held_fraction(problem, batches) <= DX_FORWARD_BUFFER_FRACTION
+    assert _held_fraction(problem, batches, forward) <= DX_FORWARD_BUFFER_FRACTION
     # the fewest chunks that fit: half as many would not
     if len(batches) > 1:
         q, r = divmod(problem.batch, len(batches) // 2)
         fewer = (q + 1,) * r + (q,) * (len(batches) // 2 - r)
-        assert _held_fraction(problem, fewer) > DX_FORWARD_BUFFER_FRACTION
+        assert _held_fraction(problem, fewer, forward) > DX_FORWARD_BUFFER_FRACTION
     assert dx_from_forward(problem, LIMIT, SLOTS)
     assert planned_specs(problem, True, LIMIT, SLOTS)[0].__class__.__name__ == "FlipSpec"
 
@@ -46,17 +47,44 @@ def test_convnext_stages_take_dx_from_the_forward_within_the_budget(stage, stora
 def test_chunks_follow_the_forward_work_buffers():
     """One chunk where the forward needs no work buffers (56 x 56 in both dtypes: its
     coarse levels run in the tiles' blocks) or few (bfloat16 at 28 x 28: its split pools
-    in place, 0.14 x the bytes of x), two for bfloat16 at 14 x 14 (the whole batch's split
-    forward holds float32 buffers; half a batch runs on the plane kernel)."""
+    in place, 0.14 x the bytes of x). At 14 x 14 the whole batch's split forward holds
+    too much (0.29 x in float32) and half a batch is too small to split: the forward
+    without a split runs the whole batch in one chunk, not two plane-kernel chunks."""
     fp32 = Problem(64, 96, 56, 56, 5, 5, 1, "float32", True)
-    assert dx_forward_batches(fp32, LIMIT, SLOTS) == (64,)
+    assert dx_forward_plan(fp32, LIMIT, SLOTS) == DxForward((64,), Tuning())
     assert dx_forward_batches(fp32._replace(storage="bfloat16"), LIMIT, SLOTS) == (64,)
     assert work_buffers(launch._dx_problem(fp32), False, LIMIT, SLOTS) == ()
     bf16 = Problem(64, 192, 28, 28, 5, 4, 1, "bfloat16", True)
-    assert dx_forward_batches(bf16, LIMIT, SLOTS) == (64,)
+    assert dx_forward_plan(bf16, LIMIT, SLOTS) == DxForward((64,), Tuning())
     assert _held_fraction(bf16, (64,)) < 0.15  # the band (0.13) and the flipped filters
-    bf16 = Problem(64, 384, 14, 14, 5, 3, 1, "bfloat16", True)
-    assert dx_forward_batches(bf16, LIMIT, SLOTS) == (32, 32)
+    for storage in ("float32", "bfloat16"):
+        stage = Problem(64, 384, 14, 14, 5, 3, 1, storage, True)
+        assert dx_forward_plan(stage, LIMIT, SLOTS) == DxForward((64,), DX_NO_SPLIT)
+        assert _held_fraction(stage, (64,)) > DX_FORWARD_BUFFER_FRACTION
+        assert plan_split(launch._dx_problem(stage)._replace(batch=32), LIMIT) is None
+        specs = planned_specs(stage, True, LIMIT, SLOTS)
+        assert [type(s).__name__ for s in specs] == ["FlipSpec", "PlaneSpec", "PlaneSpec",
+                                                     "FinalizeSpec"]
+        assert work_buffers(stage, True, LIMIT, SLOTS)[1:] == (launch.plan_plane(
+            stage, True, LIMIT, SLOTS).partial_floats,)
+
+
+def test_chunks_split_where_their_split_fits():
+    """A split too large for the budget as a whole runs as smaller splits where those
+    fit: twice the 14 x 14 stage's batch in float32 splits in two chunks of 64. In
+    bfloat16 (twice the float32 work per byte of x) a split chunk of 64 does not fit
+    and one of 32 does not split: the forward without a split takes the whole batch."""
+    fp32 = Problem(128, 384, 14, 14, 5, 3, 1, "float32", True)
+    assert dx_forward_plan(fp32, LIMIT, SLOTS) == DxForward((64, 64), Tuning())
+    assert plan_split(launch._dx_problem(fp32)._replace(batch=64), LIMIT) is not None
+    assert _held_fraction(fp32, (64, 64)) <= DX_FORWARD_BUFFER_FRACTION
+    assert _held_fraction(fp32, (128,)) > DX_FORWARD_BUFFER_FRACTION
+    names = [type(s).__name__ for s in planned_specs(fp32, True, LIMIT, SLOTS)]
+    assert names[:4] == ["FlipSpec", "CoarseSpec", "RegisterSpec", "TileSpec"]
+    bf16 = fp32._replace(storage="bfloat16")
+    assert dx_forward_plan(bf16, LIMIT, SLOTS) == DxForward((128,), DX_NO_SPLIT)
+    assert _held_fraction(bf16, (64, 64)) > DX_FORWARD_BUFFER_FRACTION
+    assert plan_split(launch._dx_problem(bf16)._replace(batch=32), LIMIT) is None
 
 
 def test_forced_chunks_and_the_paths_without_them():

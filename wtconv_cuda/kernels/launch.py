@@ -160,8 +160,7 @@ class Tuning(NamedTuple):
         pays and fits.
     dx_batch : int or None
         With ``dx`` from the forward kernels: batch entries per chunk of the
-        forward (clipped to ``B``; see :func:`dx_forward_batches`). None
-        takes the fewest near-equal chunks whose work buffers fit.
+        forward (clipped to ``B``). None lets :func:`dx_forward_plan` choose.
     inner : bool or None
         A forward that would split with one tile per plane at level 2 or
         deeper runs the levels above the split inside the tile's block
@@ -584,7 +583,11 @@ class SmallTileSplit(NamedTuple):
 #:   quarter of the planes (64 x 96 x 14 x 14, the 56 x 56 stage's coarse
 #:   problem) the split was slower, 0.043 -> 0.054 ms: its 6,144 coarse planes
 #:   fill 48 register-kernel blocks on 132 multiprocessors. Hence its
-#:   ``min_pixels``.
+#:   ``min_pixels``. Between 2^21 and 2^22 pixels the split won at 32 x 384
+#:   (58.7 against 73.7 us) and lost at 28 x 384 (77.7 / 72.4) and 64 x 192
+#:   (82.5 / 73.4): there a split forward is bound by its host time (three
+#:   launches, a work buffer and views: 76 us per call back to back on that
+#:   host), so the threshold stays.
 #:
 #: Planes of 33 to 64 pixels get a tile fitted to a multiple of 8 (``fit``; its
 #: item rows padded to whole warps by :func:`~wtconv_cuda.kernels.tiles.item_row`),
@@ -1348,7 +1351,7 @@ def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots:
         the forward runs on tiles); a ``weights_only`` plane backward first
         asks for the flipped filters (:func:`flipped_filter_floats`) and the
         buffers of the forward that computes ``dx``, once per batch chunk
-        (:func:`dx_forward_batches`); a split pass
+        (:func:`dx_forward_plan`); a split pass
         (:func:`plan_split`) asks for its two coarse work buffers first (pooled arrays, then the rest),
         then for the coarse problem's buffers (and, backward, then for the
         tiles' partials).
@@ -1368,9 +1371,10 @@ def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots:
     sizes = []
     if launch.spec.weights_only:  # dx first: the flipped filters, each chunk's buffers
         sizes += [flipped_filter_floats(problem)]
-        for count in dx_forward_batches(problem, shared_limit, max_slots, tuning):
+        dx = dx_forward_plan(problem, shared_limit, max_slots, tuning)
+        for count in dx.batches:
             sizes += work_buffers(_dx_problem(problem)._replace(batch=count), False,
-                                  shared_limit, max_slots)
+                                  shared_limit, max_slots, dx.tuning)
     if backward and not launch.spec.fused_finalize:
         sizes.append(launch.partial_floats)
     if launch.scratch_floats:
@@ -1398,7 +1402,7 @@ def planned_specs(problem: Problem, backward: bool, shared_limit: int, max_slots
     list of CoarseSpec, TileSpec, PlaneSpec, FinalizeSpec, CoarseOutSpec and FlipSpec
         A ``weights_only`` plane backward lists ``wtconv_flip`` and the
         forward's specs first (they compute ``dx``; those of each batch size
-        its chunks take, see :func:`dx_forward_batches`). A split pass lists
+        its chunks take, see :func:`dx_forward_plan`). A split pass lists
         ``wtconv_coarse_in``, the coarse problem's specs (planned with the
         default tuning), then the tiles (backward: then
         the finalize and ``wtconv_coarse_out``).
@@ -1418,10 +1422,10 @@ def planned_specs(problem: Problem, backward: bool, shared_limit: int, max_slots
     spec = plan_plane(problem, backward, shared_limit, max_slots, tuning).spec
     specs = [spec, finalize] if backward and not spec.fused_finalize else [spec]
     if spec.weights_only:  # the forward's specs of each batch size its chunks take
-        forward = [s for count in dict.fromkeys(dx_forward_batches(problem, shared_limit,
-                                                                   max_slots, tuning))
+        dx = dx_forward_plan(problem, shared_limit, max_slots, tuning)
+        forward = [s for count in dict.fromkeys(dx.batches)
                    for s in planned_specs(_dx_problem(problem)._replace(batch=count), False,
-                                          shared_limit, max_slots)]
+                                          shared_limit, max_slots, dx.tuning)]
         specs = [FlipSpec(problem.storage, problem.kernel_size)] + forward + specs
     return specs
 
@@ -1652,8 +1656,8 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
     launch = plan_plane(problem, True, backend.shared_limit, backend.max_slots, tuning)
     if launch.spec.weights_only:  # dx from the forward kernels; the plane kernel skips it
         _run_dx_forward(backend, problem, dy, dx, weights,
-                        dx_forward_batches(problem, backend.shared_limit, backend.max_slots,
-                                           tuning))
+                        dx_forward_plan(problem, backend.shared_limit, backend.max_slots,
+                                        tuning))
     geo = backend.table(launch.geo)
     fused = launch.spec.fused_finalize  # the plane kernel writes the gradients itself
     partial = geo if fused else backend.float32(launch.partial_floats)
@@ -1678,7 +1682,7 @@ def dx_from_forward(problem: Problem, shared_limit: int, max_slots: int,
     0.594 / 0.424 ms to 0.955 / 0.563 / 0.405 ms (56 / 28 / 14 pixels). It
     costs a second read of ``dy``, the flip launch, and the forward's work
     buffers while ``dx`` is computed, which the forward bounds by running in
-    batch chunks (:func:`dx_forward_batches`).
+    batch chunks (:func:`dx_forward_plan`).
 
     Parameters
     ----------
@@ -1697,22 +1701,51 @@ def dx_from_forward(problem: Problem, shared_limit: int, max_slots: int,
     -------
     bool
     """
-    return bool(dx_forward_batches(problem, shared_limit, max_slots, tuning))
+    return dx_forward_plan(problem, shared_limit, max_slots, tuning) is not None
+
+
+#: The forward of a ``dx`` chunk without a split: no work buffers (the plane
+#: kernel, or whole tiles where their rule takes the chunk).
+DX_NO_SPLIT = Tuning(split=0)
+
+
+class DxForward(NamedTuple):
+    """How the forward kernels compute a plane backward's ``dx`` (:func:`dx_forward_plan`).
+
+    Attributes
+    ----------
+    batches : tuple of int
+        Batch entries of each forward run, in order, summing to ``B``.
+    tuning : Tuning
+        The runs' launch-shape overrides: ``Tuning()`` (the planner's forward
+        for the run's batch size) or `DX_NO_SPLIT`.
+    """
+
+    batches: tuple[int, ...]
+    tuning: Tuning
 
 
 @lru_cache(maxsize=1024)
-def dx_forward_batches(problem: Problem, shared_limit: int, max_slots: int,
-                       tuning: Tuning = Tuning()) -> tuple[int, ...]:
-    """Batch sizes of the forward runs that compute a plane backward's ``dx``.
+def dx_forward_plan(problem: Problem, shared_limit: int, max_slots: int,
+                    tuning: Tuning = Tuning()) -> DxForward | None:
+    """The forward runs that compute a plane backward's ``dx``, or None.
 
     The runs go one after another on ``dy``'s batch entries in order, each
     releasing its work buffers before the next asks for them, so the memory
-    they hold at once is one chunk's buffers and the flipped filters. By
-    default the batch splits into the fewest of 1, 2, 4, ...,
-    `DX_FORWARD_MAX_CHUNKS` near-equal chunks (larger ones first) whose
-    buffers take at most `DX_FORWARD_BUFFER_FRACTION` of the bytes of ``x``;
-    the chunks' plans (a split forward or not) are the planner's for their
-    own batch size.
+    they hold at once is one run's buffers and the flipped filters. That may
+    be at most `DX_FORWARD_BUFFER_FRACTION` of the bytes of ``x``. The batch
+    splits into 1, 2, 4, ..., `DX_FORWARD_MAX_CHUNKS` near-equal chunks
+    (larger ones first), and the plan is the first that fits of:
+
+    1. the whole batch on the planner's forward;
+    2. the fewest chunks on the planner's forward for their batch size, where
+       that forward splits (:func:`plan_split`: faster than the plane kernel
+       wherever the planner takes it, but it holds float32 work buffers);
+    3. the fewest chunks on the forward without a split (`DX_NO_SPLIT`).
+
+    So a split too large for the budget as a whole runs as smaller splits,
+    and where no chunk large enough to split fits, the plane kernel runs on
+    as few chunks as fit (a small chunk costs it more per pixel).
 
     Parameters
     ----------
@@ -1721,23 +1754,23 @@ def dx_forward_batches(problem: Problem, shared_limit: int, max_slots: int,
     shared_limit, max_slots : int
         The backend's limits, as passed to :func:`plan_plane`.
     tuning : Tuning, optional
-        ``dx_forward`` as in :func:`dx_from_forward`; True where no chunking
-        fits runs the whole batch at once. ``dx_batch`` fixes the entries
-        per chunk (the last takes the rest); with ``dx_forward`` None the
-        path is then taken only where those chunks fit.
+        ``tuning.dx_forward`` True or False decides (True only at stride 1);
+        None takes the forward kernels at stride 1 when ``x`` has at least
+        `DX_FORWARD_MIN_ELEMENTS` elements and some plan fits. True where
+        none fits runs the whole batch on the planner's forward.
+        ``dx_batch`` fixes the entries per chunk (the last takes the rest).
 
     Returns
     -------
-    tuple of int
-        Batch entries of each run, summing to ``B``; empty when the backward
-        computes ``dx`` in the plane kernel.
+    DxForward or None
+        None when the backward computes ``dx`` in the plane kernel.
     """
     B = problem.batch
     if problem.stride != 1 or tuning.dx_forward is False or B < 1:
-        return ()
+        return None
     elements = B * problem.channels * problem.height * problem.width
     if not tuning.dx_forward and elements < DX_FORWARD_MIN_ELEMENTS:
-        return ()
+        return None
     if tuning.dx_batch:
         step = min(tuning.dx_batch, B)
         candidates = [tuple(min(step, B - start) for start in range(0, B, step))]
@@ -1749,14 +1782,49 @@ def dx_forward_batches(problem: Problem, shared_limit: int, max_slots: int,
             candidates.append((q + 1,) * r + (q,) * (chunks - r))
             chunks *= 2
     budget = DX_FORWARD_BUFFER_FRACTION * elements * ITEMSIZE[problem.storage]
-    for batches in candidates:
-        if 4 * dx_forward_floats(problem, batches, shared_limit, max_slots) <= budget:
-            return batches
-    return candidates[0] if tuning.dx_forward else ()
+
+    def fits(batches, forward):
+        return 4 * dx_forward_floats(problem, batches, shared_limit, max_slots,
+                                     forward) <= budget
+
+    def splits(batches):
+        return plan_split(_dx_problem(problem)._replace(batch=batches[0]),
+                          shared_limit) is not None
+
+    plans = [(candidates[0], Tuning())]
+    plans += [(batches, Tuning()) for batches in candidates[1:] if splits(batches)]
+    plans += [(batches, DX_NO_SPLIT) for batches in candidates]
+    for batches, forward in plans:
+        if fits(batches, forward):
+            return DxForward(batches, forward)
+    return DxForward(candidates[0], Tuning()) if tuning.dx_forward else None
+
+
+def dx_forward_batches(problem: Problem, shared_limit: int, max_slots: int,
+                       tuning: Tuning = Tuning()) -> tuple[int, ...]:
+    """Batch sizes of the forward runs that compute a plane backward's ``dx``.
+
+    Parameters
+    ----------
+    problem : Problem
+        The layer call.
+    shared_limit, max_slots : int
+        The backend's limits, as passed to :func:`plan_plane`.
+    tuning : Tuning, optional
+        As for :func:`dx_forward_plan`.
+
+    Returns
+    -------
+    tuple of int
+        :attr:`DxForward.batches` of :func:`dx_forward_plan`; empty when the
+        backward computes ``dx`` in the plane kernel.
+    """
+    plan = dx_forward_plan(problem, shared_limit, max_slots, tuning)
+    return () if plan is None else plan.batches
 
 
 def dx_forward_floats(problem: Problem, batches: tuple, shared_limit: int,
-                      max_slots: int) -> int:
+                      max_slots: int, forward: Tuning = Tuning()) -> int:
     """float32 work elements held at once while ``dx`` runs in forward chunks.
 
     Parameters
@@ -1764,9 +1832,11 @@ def dx_forward_floats(problem: Problem, batches: tuple, shared_limit: int,
     problem : Problem
         The layer call (its backward).
     batches : tuple of int
-        Batch entries of each forward run (see :func:`dx_forward_batches`).
+        Batch entries of each forward run (see :func:`dx_forward_plan`).
     shared_limit, max_slots : int
         The backend's limits, as passed to :func:`plan_plane`.
+    forward : Tuning, optional
+        The forward runs' overrides (:attr:`DxForward.tuning`).
 
     Returns
     -------
@@ -1775,7 +1845,7 @@ def dx_forward_floats(problem: Problem, batches: tuple, shared_limit: int,
         chunk's forward buffers (:func:`work_buffers`).
     """
     per_chunk = max(sum(work_buffers(_dx_problem(problem)._replace(batch=b), False,
-                                     shared_limit, max_slots)) for b in set(batches))
+                                     shared_limit, max_slots, forward)) for b in set(batches))
     return flipped_filter_floats(problem) + per_chunk
 
 
@@ -1808,11 +1878,11 @@ def _filter_counts(problem: Problem) -> tuple[int, int]:
 
 
 def _run_dx_forward(backend, problem: Problem, dy, dx, weights: Weights,
-                    batches: tuple) -> None:
+                    plan: DxForward) -> None:
     """``dx`` of a stride-1 backward: the forward on ``dy`` with the filters turned by
     180 degrees (``wtconv_flip``), the same scales and no bias (see
-    :mod:`wtconv_cuda.kernels.flip`), over the batch chunks ``batches``
-    (:func:`dx_forward_batches`). Its work buffers are released on return."""
+    :mod:`wtconv_cuda.kernels.flip`), in the batch chunks and with the launch shapes of
+    ``plan`` (:func:`dx_forward_plan`). Its work buffers are released on return."""
     n0, nw = _filter_counts(problem)
     buf = backend.float32(flipped_filter_floats(problem))
     base_words = storage_words(n0, problem.storage)
@@ -1824,11 +1894,11 @@ def _run_dx_forward(backend, problem: Problem, dy, dx, weights: Weights,
     flipped = Weights(f0, weights.base_scale, weights.base_scale, fw, weights.wavelet_scale)
     entry = problem.channels * problem.height * problem.width  # elements per batch entry
     start = 0
-    for count in batches:
+    for count in plan.batches:
         run_forward(backend, _dx_problem(problem)._replace(batch=count),
                     backend.entries(dy, start * entry, count * entry, problem.storage),
                     backend.entries(dx, start * entry, count * entry, problem.storage),
-                    flipped)
+                    flipped, plan.tuning)
         start += count
     backend.release(buf)
 
