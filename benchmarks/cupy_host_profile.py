@@ -61,6 +61,10 @@ def main(argv=None):
     kw = gpu._kernel_weights(weights, cupy)
     launch_args = (x, y, x, *kw, geo, geo, geo, *launch.header)
 
+    forward_program = gpu._program(x.device.id, problem, False)
+    forward_addresses = [a.data.ptr for a in (x, y, *kw)]
+    stream = cupy.cuda.get_current_stream()
+
     def enter_device():
         with cupy.cuda.Device(x.device.id):
             pass
@@ -87,6 +91,8 @@ def main(argv=None):
         ("forward kernel launch (CupyBackend.call)",
          lambda: backend.call(kernel, launch.grid, launch.block, launch_args,
                               launch.shared_bytes)),
+        ("forward program replay (Program.run)",
+         lambda: forward_program.run(forward_addresses, gpu._allocate, stream.ptr)),
     ]
     print(f"shape {args.shape}, K {k}, L {levels}, float32, "
           f"{cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}, cupy {cupy.__version__}")

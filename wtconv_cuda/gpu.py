@@ -3,16 +3,20 @@
 :func:`wtconv_cuda.forward` and :func:`wtconv_cuda.backward` call these after
 validating their arguments. Work is queued on CuPy's current stream of the
 device that holds ``x``; outputs are allocated from CuPy's memory pool; no
-call synchronises with the host.
+call synchronises with the host. Each problem's launches are planned once and
+then replayed with the call's addresses (:mod:`wtconv_cuda.kernels.program`).
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
 
 import numpy as np
 
 from ._validate import output_shape
 from .kernels.driver import DeviceScope
-from .kernels.launch import CupyBackend, Problem, Weights, run_backward, run_forward
+from .kernels.launch import CupyBackend, Problem, Weights
+from .kernels.program import record, run_direct
 from .weights import WTConvWeights
 
 _backends: dict = {}
@@ -58,6 +62,36 @@ def _backend(device_id: int):
     if backend is None:
         backend = _backends[device_id] = CupyBackend(device_id)
     return backend
+
+
+@lru_cache(maxsize=1024)
+def _program(device_id: int, problem: Problem, backward: bool):
+    """The recorded launches of ``problem`` on a device (:mod:`wtconv_cuda.kernels.program`),
+    or None where a kernel has no driver handle (the planner launches then). The first
+    call for a problem compiles or loads its kernels and uploads its tables."""
+    backend = _backend(device_id)
+    return record(problem, backward, backend.shared_limit, backend.max_slots,
+                  lambda spec: backend.driver_handle(backend.kernel(spec)),
+                  lambda values: backend.table(values).data.ptr)
+
+
+def _allocate(n: int):
+    """A float32 work buffer from CuPy's pool on the current device, and its address."""
+    import cupy
+    buffer = cupy.empty(n, dtype=cupy.float32)
+    return buffer, buffer.data.ptr
+
+
+def _launch(device_id: int, problem: Problem, backward: bool, arrays: tuple) -> None:
+    """Queue one call's launches on CuPy's current stream; ``arrays`` in the slot order
+    of :func:`~wtconv_cuda.kernels.program.run_direct`."""
+    import cupy
+    program = _program(device_id, problem, backward)
+    if program is None:
+        run_direct(_backend(device_id), problem, backward, arrays)
+    else:
+        program.run([a.data.ptr for a in arrays], _allocate,
+                    cupy.cuda.get_current_stream().ptr)
 
 
 def _problem(x, w: WTConvWeights, levels: int, stride: int):
@@ -107,8 +141,8 @@ def forward(x, w: WTConvWeights, levels: int, stride: int):
         y = cupy.empty(output_shape(x.shape, stride), dtype=x.dtype)
         if x.shape[0] == 0:
             return y
-        run_forward(_backend(device_id), problem, cupy.ascontiguousarray(x), y,
-                    _kernel_weights(w, cupy))
+        _launch(device_id, problem, False, (cupy.ascontiguousarray(x), y,
+                                            *_kernel_weights(w, cupy)))
     return y
 
 
@@ -160,6 +194,6 @@ def backward(x, w: WTConvWeights, dy, levels: int, stride: int):
         grad_bias = grads.base_bias if grads.base_bias is not None else grads.base_scale
         outs = Weights(grads.base_weight, grad_bias, grads.base_scale, grads.wavelet_weight,
                        grads.wavelet_scale)
-        run_backward(_backend(device_id), problem, cupy.ascontiguousarray(x),
-                     cupy.ascontiguousarray(dy), dx, weights, outs)
+        _launch(device_id, problem, True, (cupy.ascontiguousarray(x),
+                                           cupy.ascontiguousarray(dy), dx, *weights, *outs))
     return dx, grads

@@ -96,6 +96,42 @@ def simulated(monkeypatch):
     return registry
 
 
+@pytest.fixture(params=["planner", "program"])
+def torch_launch(request, simulated, monkeypatch):
+    """The PyTorch binding's launches on the simulator: through the planner (a
+    PointerLauncher per call), or as recorded programs replayed with the call's
+    addresses (kernels get driver handles; a replayed launch maps its handle and
+    addresses back to the kernel and arrays)."""
+    torch = pytest.importorskip("torch")
+    from wtconv_cuda.bindings import torch as wttorch
+    from wtconv_cuda.kernels import program
+
+    device = simulated.device
+    monkeypatch.setattr(wttorch, "_hooks", lambda d: (device, simulated.allocate,
+                                                       simulated.make_table))
+    monkeypatch.setattr(wttorch, "_current_stream", lambda index: 0)
+    monkeypatch.setattr(wttorch, "_launcher", lambda d: _common.PointerLauncher(
+        device, FakeStream(), simulated.allocate, simulated.make_table))
+    monkeypatch.setattr(wttorch, "_ptr", lambda t: simulated.add(t.detach().numpy()))
+    simulated.replayed = 0
+    if request.param == "program":
+        kernels = {}
+
+        def driver_handle(kernel):
+            return kernels.setdefault(id(kernel), (1 + len(kernels), kernel))[0]
+
+        def launch_packed(function, grid, block, shared_bytes, stream, values):
+            kernel = next(k for handle, k in kernels.values() if handle == function)
+            # addresses are host addresses (above 2^32); sizes are small
+            args = [simulated.resolve(v) if v >> 32 else np.int64(v) for v in values]
+            device._backend.call(kernel, grid, block, args, shared_bytes)
+            simulated.replayed += 1
+
+        monkeypatch.setattr(device, "driver_handle", driver_handle)
+        monkeypatch.setattr(program, "launch_packed", launch_packed)
+    return request.param, torch, wttorch
+
+
 def rel(got, want):
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     assert np.isfinite(got).all(), "unwritten (NaN) elements"
@@ -111,22 +147,10 @@ CASES = [  # (B, C, H, W), K, L, stride, bias, storage, shared_limit
 
 
 @pytest.mark.parametrize("shape,k,levels,stride,bias,storage,shared_limit", CASES)
-def test_torch_gpu_path(simulated, monkeypatch, rng, shape, k, levels, stride, bias, storage,
-                        shared_limit):
-    torch = pytest.importorskip("torch")
-    from wtconv_cuda.bindings import torch as wttorch
-
+def test_torch_gpu_path(simulated, torch_launch, monkeypatch, rng, shape, k, levels, stride,
+                        bias, storage, shared_limit):
+    path, torch, wttorch = torch_launch
     simulated.device.shared_limit = shared_limit
-
-    def launcher(device):
-        return _common.PointerLauncher(simulated.device, FakeStream(), simulated.allocate,
-                                       simulated.make_table)
-
-    def pointer(t):
-        return simulated.add(t.detach().numpy())
-
-    monkeypatch.setattr(wttorch, "_launcher", launcher)
-    monkeypatch.setattr(wttorch, "_ptr", pointer)
     # CPU tensors take the CUDA implementation.
     monkeypatch.setitem(wttorch._IMPLS, "cpu", wttorch._IMPLS["cuda"])
 
@@ -154,19 +178,15 @@ def test_torch_gpu_path(simulated, monkeypatch, rng, shape, k, levels, stride, b
     assert simulated.tables  # geometry uploaded through the framework's table maker
     if shared_limit == 0:
         assert len(simulated.allocations) >= 3  # forward scratch; backward partials + scratch
+    assert (simulated.replayed >= 2) == (path == "program")  # a forward and a backward
 
 
 @pytest.mark.parametrize("levels,bias", [(2, True), (1, False)])
-def test_torch_module_gpu_path(simulated, monkeypatch, rng, levels, bias):
+def test_torch_module_gpu_path(simulated, torch_launch, monkeypatch, rng, levels, bias):
     """The module on the GPU implementation, forward and every parameter gradient,
     against the same module on the oracle path: level parameters joined (L > 1) or
     passed as they are (L = 1), level gradients split back per level."""
-    torch = pytest.importorskip("torch")
-    from wtconv_cuda.bindings import torch as wttorch
-
-    monkeypatch.setattr(wttorch, "_launcher", lambda device: _common.PointerLauncher(
-        simulated.device, FakeStream(), simulated.allocate, simulated.make_table))
-    monkeypatch.setattr(wttorch, "_ptr", lambda t: simulated.add(t.detach().numpy()))
+    _, torch, wttorch = torch_launch
     layer = wttorch.WTConv2d(2, 2, 3, stride=2, bias=bias, wt_levels=levels)
     with torch.no_grad():
         for p in layer.parameters():

@@ -34,7 +34,8 @@ from wtconv_cuda.bindings.torch import (  # noqa: E402
     wtconv2d_bwd,
     wtconv2d_fwd,
 )
-from wtconv_cuda.kernels.launch import CupyBackend, Problem, plan_plane  # noqa: E402
+from wtconv_cuda.kernels import program  # noqa: E402
+from wtconv_cuda.kernels.launch import Problem, plan_plane, planned_specs  # noqa: E402
 
 from ..conftest import autocast_or_off  # noqa: E402
 
@@ -207,17 +208,24 @@ def test_module_without_gradients_bitwise_equal(levels, autocast):
 
 
 class LaunchRecorder:
-    """Records the arguments of every raw-pointer launch."""
+    """Records the arguments of every raw-pointer launch: replayed programs
+    (``program.launch_packed``) and the planner's (``PointerLauncher.call``)."""
 
     def __init__(self, monkeypatch):
         self.calls = []
         original = _common.PointerLauncher.call
+        replay = program.launch_packed
 
         def call(launcher, kernel, grid, block, args, shared_bytes):
             self.calls.append(dict(args=[int(a) for a in args], stream=launcher._stream.ptr))
             return original(launcher, kernel, grid, block, args, shared_bytes)
 
+        def launch_packed(function, grid, block, shared_bytes, stream, values):
+            self.calls.append(dict(args=list(values), stream=int(stream)))
+            return replay(function, grid, block, shared_bytes, stream, values)
+
         monkeypatch.setattr(_common.PointerLauncher, "call", call)
+        monkeypatch.setattr(program, "launch_packed", launch_packed)
 
 
 def plan(problem, backward):
@@ -261,7 +269,15 @@ def test_torch_zero_copy_and_torch_owned_memory(monkeypatch):
     dx, *grads = wtconv2d_bwd(dy, x, *w, 1)
     peak = torch.cuda.max_memory_allocated() - before
     back = plan(problem, True)
-    plane, *finalize = recorder.calls
+    kernels = _common.device_kernels(0)
+    specs = [type(s).__name__ for s in planned_specs(problem, True, kernels.shared_limit,
+                                                     kernels.max_slots)]
+    assert len(recorder.calls) == len(specs)
+    if back.spec.weights_only:  # dx first: the forward on dy, straight into PyTorch's dx
+        assert specs[:2] == ["FlipSpec", "PlaneSpec"]
+        assert recorder.calls[1]["args"][:2] == [dy.data_ptr(), dx.data_ptr()]
+    at = len(specs) - 1 - specs[::-1].index("PlaneSpec")  # the backward's plane kernel
+    plane, finalize = recorder.calls[at], recorder.calls[at + 1:]
     assert len(finalize) == (0 if back.spec.fused_finalize else 1)
     assert plane["args"][0] == dy.data_ptr() and plane["args"][2] == x.data_ptr()
     assert plane["args"][1] == dx.data_ptr()
@@ -459,13 +475,13 @@ def test_cupy_dlpack_is_zero_copy_and_stream_ordered(monkeypatch):
     x, w = random_tensors(6, 5, 3, True, torch.float32, hw=(64, 48))
     expected = wtconv2d(x, *w, levels=3).detach()
     seen = []
-    original = CupyBackend.call
+    original = program.launch_packed
 
-    def call(self, kernel, grid, block, args, shared_bytes):
-        seen.append(args[0].data.ptr)
-        return original(self, kernel, grid, block, args, shared_bytes)
+    def launch_packed(function, grid, block, shared_bytes, stream, values):
+        seen.append(values[0])
+        return original(function, grid, block, shared_bytes, stream, values)
 
-    monkeypatch.setattr(CupyBackend, "call", call)
+    monkeypatch.setattr(program, "launch_packed", launch_packed)
     xd = x.detach()
     y = wtcupy.forward_dlpack(xd, WTConvWeights(*(None if a is None else a.detach() for a in w)))
     assert seen == [xd.data_ptr()]  # the kernel read PyTorch's buffer in place

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..kernels.driver import DeviceScope, driver_launch
 from ..kernels.launch import ITEMSIZE
+from ..kernels.program import record
 
 __all__ = [
     "WAVELETS",
@@ -206,6 +207,7 @@ class DeviceKernels:
         self.max_slots = self._backend.max_slots
         self._tables: dict = {}
         self._handles: dict = {}
+        self._programs: dict = {}
         self._lock = threading.Lock()
 
     def kernel(self, spec):
@@ -253,6 +255,42 @@ class DeviceKernels:
         return entry[1]
 
 
+    def program(self, problem, backward: bool, make_table: Callable):
+        """The recorded launches of one call on this device, or None.
+
+        See :mod:`wtconv_cuda.kernels.program`. The first call for a problem
+        compiles or loads its kernels and makes its tables (with ``make``,
+        as for :meth:`table`).
+
+        Parameters
+        ----------
+        problem : wtconv_cuda.kernels.launch.Problem
+            The layer call.
+        backward : bool
+            The backward instead of the forward.
+        make_table : callable
+            As ``make`` for :meth:`table`.
+
+        Returns
+        -------
+        wtconv_cuda.kernels.program.Program or None
+            None where a kernel has no driver handle: launch through a
+            :class:`PointerLauncher` then.
+        """
+        key = (problem, backward)
+        program = self._programs.get(key, self)
+        if program is self:
+            program = record(problem, backward, self.shared_limit, self.max_slots,
+                             lambda spec: self.driver_handle(self.kernel(spec)),
+                             lambda values: int(self.table(values, make_table)))
+            if len(self._programs) >= _MAX_PROGRAMS:
+                self._programs.clear()
+            self._programs[key] = program
+        return program
+
+
+#: Recorded programs kept per device (all are dropped when it fills).
+_MAX_PROGRAMS = 1024
 _devices: dict = {}
 _devices_lock = threading.Lock()
 

@@ -62,7 +62,8 @@ from ..weights import (
     weights_from_state_dict,
     weights_to_state_dict,
 )
-from ..kernels.launch import Problem, Weights, run_backward, run_forward
+from ..kernels.launch import Problem, Weights
+from ..kernels.program import run_direct
 from . import _common
 
 __all__ = ["WTConv2d", "wtconv2d", "wtconv2d_fwd", "wtconv2d_bwd"]
@@ -176,7 +177,8 @@ def _make_table(device: torch.device, values: np.ndarray):
     return table, table.data_ptr()
 
 
-def _launcher(device: torch.device) -> _common.PointerLauncher:
+def _hooks(device: torch.device):
+    """``(DeviceKernels, allocate, make_table)`` of a device (made on first use)."""
     index = device.index
     hooks = _per_device.get(index)
     if hooks is None:
@@ -188,9 +190,26 @@ def _launcher(device: torch.device) -> _common.PointerLauncher:
             return _make_table(_device, values)
 
         hooks = _per_device[index] = (_common.device_kernels(index), allocate, make_table)
-    kernels, allocate, make_table = hooks
-    stream = _common.stream_handle(index, _current_stream(index))
+    return hooks
+
+
+def _launcher(device: torch.device) -> _common.PointerLauncher:
+    kernels, allocate, make_table = _hooks(device)
+    stream = _common.stream_handle(device.index, _current_stream(device.index))
     return _common.PointerLauncher(kernels, stream, allocate, make_table)
+
+
+def _launch(device: torch.device, problem: Problem, backward: bool, addresses: tuple) -> None:
+    """Queue one call's launches on the device's current stream: its recorded program
+    (:mod:`wtconv_cuda.kernels.program`), else through the planner. ``addresses`` in the
+    slot order of :func:`~wtconv_cuda.kernels.program.run_direct`."""
+    kernels, allocate, make_table = _hooks(device)
+    with _common.DeviceScope(device.index):
+        program = kernels.program(problem, backward, make_table)
+        if program is None:
+            run_direct(_launcher(device), problem, backward, addresses)
+        else:
+            program.run(addresses, allocate, _current_stream(device.index))
 
 
 def _ptr(t) -> int:
@@ -214,10 +233,8 @@ def _forward_cuda(x, bw, bb, bs, ww, ws, stride, sizes):
         return y
     x, bw, bs, ww, ws = (t.contiguous() for t in (x, bw, bs, ww, ws))
     bb = None if bb is None else bb.contiguous()
-    launcher = _launcher(x.device)
-    with _common.DeviceScope(x.device.index):
-        run_forward(launcher, _problem(x, sizes, stride, bb is not None), _ptr(x), _ptr(y),
-                    _kernel_weights(bw, bb, bs, ww, ws))
+    _launch(x.device, _problem(x, sizes, stride, bb is not None), False,
+            (_ptr(x), _ptr(y), *_kernel_weights(bw, bb, bs, ww, ws)))
     return y
 
 
@@ -233,11 +250,9 @@ def _backward_cuda(dy, x, bw, bb, bs, ww, ws, stride, sizes):
     dy = dy.to(x.dtype, memory_format=torch.contiguous_format)  # one copy at most
     x, bw, bs, ww, ws = (t.contiguous() for t in (x, bw, bs, ww, ws))
     bb = None if bb is None else bb.contiguous()
-    launcher = _launcher(x.device)
-    with _common.DeviceScope(x.device.index):
-        run_backward(launcher, _problem(x, sizes, stride, bb is not None), _ptr(x), _ptr(dy),
-                     _ptr(dx), _kernel_weights(bw, bb, bs, ww, ws),
-                     _kernel_weights(d_bw, None if bb is None else d_bias, d_bs, d_ww, d_ws))
+    _launch(x.device, _problem(x, sizes, stride, bb is not None), True,
+            (_ptr(x), _ptr(dy), _ptr(dx), *_kernel_weights(bw, bb, bs, ww, ws),
+             *_kernel_weights(d_bw, None if bb is None else d_bias, d_bs, d_ww, d_ws)))
     return dx, d_bw, d_bias, d_bs, d_ww, d_ws
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from array import array
 
-__all__ = ["DeviceScope", "driver_launch"]
+__all__ = ["DeviceScope", "driver_launch", "launch_packed"]
 
 
 class DeviceScope:
@@ -98,7 +98,21 @@ def driver_launch(function: int, grid: int, block: int, shared_bytes: int, strea
     cupy.cuda.driver.CUDADriverError
         The launch was refused.
     """
-    values = array("Q", args)
+    launch_packed(function, grid, block, shared_bytes, stream, array("Q", args))
+
+
+def launch_packed(function: int, grid: int, block: int, shared_bytes: int, stream: int,
+                  values: array) -> None:
+    """Queue a 1-D launch whose 8-byte parameters are already packed in ``values``.
+
+    Parameters
+    ----------
+    function, grid, block, shared_bytes, stream : int
+        As for :func:`driver_launch`.
+    values : array.array of 'Q'
+        The parameters, in order; read (and copied by the driver) before the
+        call returns.
+    """
     first = values.buffer_info()[0]
     params = array("Q", range(first, first + 8 * len(values), 8))
     _cu_launch_kernel(function, grid, 1, 1, block, 1, 1, shared_bytes, stream,
