@@ -9,12 +9,14 @@ that hands out the same buffers in order, must log the same events.
 import pytest
 
 from wtconv_cuda.kernels.launch import ITEMSIZE, Problem, Tuning, Weights, run_backward, run_forward
+from wtconv_cuda.kernels import program as program_module
 from wtconv_cuda.kernels.program import BACKWARD_SLOTS, FORWARD_SLOTS, record
 
 LIMIT, SLOTS = 227 * 1024 - 1024, 264
 ARRAYS = 0x7F00_0000_0000  # the layer arrays' addresses: ARRAYS + (slot << 32)
 BUFFERS = 0x5000_0000_0000  # work buffers, in request order: BUFFERS + (n << 32)
 TABLES = 0x3000_0000_0000
+STREAM = 0xCAFE
 
 
 class _Device:
@@ -79,7 +81,8 @@ class _Owner:
         self.log.append(("release", self.address))
 
 
-def _replay(program, addresses, log):
+def _replay(monkeypatch, program, addresses, log):
+    """``program.run`` with the driver call and the allocator logging into ``log``."""
     count = [0]
 
     def allocate(n):
@@ -88,8 +91,12 @@ def _replay(program, addresses, log):
         log.append(("alloc", n, address))
         return _Owner(address, log), address
 
-    for function, grid, block, shared_bytes, values in program.launches(addresses, allocate):
+    def launch_packed(function, grid, block, shared_bytes, stream, values):
+        assert stream == STREAM
         log.append(("launch", function, grid, block, shared_bytes, tuple(values)))
+
+    monkeypatch.setattr(program_module, "launch_packed", launch_packed)
+    program.run(addresses, allocate, STREAM)
 
 
 def _without_final_releases(log):
@@ -114,7 +121,8 @@ CASES = [
 
 @pytest.mark.parametrize("backward", [False, True])
 @pytest.mark.parametrize("shape,levels,stride,storage,tuning", CASES)
-def test_replay_issues_the_planners_launches(shape, levels, stride, storage, tuning, backward):
+def test_replay_issues_the_planners_launches(monkeypatch, shape, levels, stride, storage, tuning,
+                                             backward):
     problem = Problem(*shape, 5, levels, stride, storage, True)
     device = _Device()
     slots = BACKWARD_SLOTS if backward else FORWARD_SLOTS
@@ -130,7 +138,7 @@ def test_replay_issues_the_planners_launches(shape, levels, stride, storage, tun
     program = record(problem, backward, LIMIT, SLOTS, device.function_of,
                      device.table_address, tuning)
     replayed = []
-    _replay(program, addresses, replayed)
+    _replay(monkeypatch, program, addresses, replayed)
     assert _without_final_releases(replayed) == _without_final_releases(direct)
     assert sum(event[0] == "launch" for event in replayed) >= 1
     # every buffer the program asked for was dropped by the time it finished
@@ -138,15 +146,16 @@ def test_replay_issues_the_planners_launches(shape, levels, stride, storage, tun
         e[1] for e in replayed if e[0] == "release")
 
 
-def test_replay_moves_with_the_arrays():
+def test_replay_moves_with_the_arrays(monkeypatch):
     """A second call on other arrays patches their addresses, and only theirs: the pool
     and the tiles read the layer's arrays, the coarse levels only the work buffer."""
     problem = Problem(64, 384, 14, 14, 5, 3, 1, "float32", True)
     device = _Device()
     program = record(problem, False, LIMIT, SLOTS, device.function_of, device.table_address)
     first, second = [], []
-    _replay(program, [ARRAYS + (s << 32) for s in range(FORWARD_SLOTS)], first)
-    _replay(program, [ARRAYS + (s << 32) + 256 for s in range(FORWARD_SLOTS)], second)
+    _replay(monkeypatch, program, [ARRAYS + (s << 32) for s in range(FORWARD_SLOTS)], first)
+    _replay(monkeypatch, program, [ARRAYS + (s << 32) + 256 for s in range(FORWARD_SLOTS)],
+            second)
     launches = [(a, b) for a, b in zip(first, second) if a[0] == "launch"]
     assert len(launches) == 3  # pool, coarse levels (register kernel), tiles
     moved = [[(u, v) for u, v in zip(a[5], b[5]) if u != v] for a, b in launches]
@@ -164,4 +173,4 @@ def test_replay_wants_every_array():
     device = _Device()
     program = record(problem, True, LIMIT, SLOTS, device.function_of, device.table_address)
     with pytest.raises(ValueError, match="13 array addresses"):
-        next(program.launches([ARRAYS] * FORWARD_SLOTS, lambda n: (None, BUFFERS)))
+        program.run([ARRAYS] * FORWARD_SLOTS, lambda n: (None, BUFFERS), STREAM)

@@ -74,9 +74,9 @@ class Program:
     ----------
     slots : int
         Array slots (`FORWARD_SLOTS` or `BACKWARD_SLOTS`).
-    steps : tuple
-        In order: ``("alloc", slot, floats)``, ``("release", slot)`` and
-        ``("launch", Launch)``.
+    steps : tuple of (str, object, int)
+        In order: ``("alloc", slot, floats)``, ``("release", slot, 0)`` and
+        ``("launch", Launch, 0)``.
     """
 
     __slots__ = ("slots", "steps", "buffers")
@@ -90,41 +90,6 @@ class Program:
         launches = sum(1 for step in self.steps if step[0] == "launch")
         return f"Program({launches} launches, {self.buffers} work buffers)"
 
-    def launches(self, addresses, allocate: Callable):
-        """The program's launches with real addresses, allocating its work buffers on the way.
-
-        Parameters
-        ----------
-        addresses : sequence of int
-            Device addresses of the array slots, in slot order.
-        allocate : callable
-            ``allocate(n) -> (owner, address)``: ``n`` float32 elements of
-            device memory usable on the launch stream. An owner is dropped at
-            its recorded release, or when the generator finishes.
-
-        Yields
-        ------
-        (function, grid, block, shared_bytes, values)
-            ``values`` is a fresh ``array('Q')`` of the launch's parameters.
-        """
-        if len(addresses) != self.slots:
-            raise ValueError(f"expected {self.slots} array addresses, got {len(addresses)}")
-        base = list(addresses) + [0] * self.buffers
-        owners = {}
-        for kind, *step in self.steps:
-            if kind == "launch":
-                launch, = step
-                values = array("Q", launch.template)
-                for index, slot, offset in launch.patches:
-                    values[index] = base[slot] + offset
-                yield launch.function, launch.grid, launch.block, launch.shared_bytes, values
-            elif kind == "alloc":
-                slot, floats = step
-                owners[slot], address = allocate(floats)
-                base[slot] = int(address)
-            else:
-                del owners[step[0]]
-
     def run(self, addresses, allocate: Callable, stream: int) -> None:
         """Queue the program's launches on ``stream`` (asynchronous).
 
@@ -133,12 +98,35 @@ class Program:
         addresses : sequence of int
             Device addresses of the array slots, in slot order.
         allocate : callable
-            As for :meth:`launches`.
+            ``allocate(n) -> (owner, address)``: ``n`` float32 elements of
+            device memory usable on ``stream``. An owner is dropped at its
+            recorded release, or on return (after the last launch is queued).
         stream : int
             ``CUstream`` handle. The caller makes the device's context current.
+
+        Raises
+        ------
+        ValueError
+            Not one address per array slot.
         """
-        for function, grid, block, shared_bytes, values in self.launches(addresses, allocate):
-            launch_packed(function, grid, block, shared_bytes, stream, values)
+        if len(addresses) != self.slots:
+            raise ValueError(f"expected {self.slots} array addresses, got {len(addresses)}")
+        base = list(addresses)
+        if self.buffers:
+            base += [0] * self.buffers
+            owners = {}
+        for kind, step, floats in self.steps:
+            if kind == "launch":
+                values = array("Q", step.template)
+                for index, slot, offset in step.patches:
+                    values[index] = base[slot] + offset
+                launch_packed(step.function, step.grid, step.block, step.shared_bytes, stream,
+                              values)
+            elif kind == "alloc":
+                owners[step], address = allocate(floats)
+                base[step] = int(address)
+            else:
+                del owners[step]
 
 
 class _NoDriverHandle(Exception):
@@ -175,7 +163,7 @@ class _Recorder:
         return _slot_address(slot)
 
     def release(self, buffer) -> None:
-        self.steps.append(("release", (int(buffer) >> SLOT_SHIFT) - 1))
+        self.steps.append(("release", (int(buffer) >> SLOT_SHIFT) - 1, 0))
 
     def entries(self, array_, start: int, count: int, storage: str) -> int:
         return int(array_) + ITEMSIZE[storage] * int(start)
@@ -193,7 +181,7 @@ class _Recorder:
         for i, _, _ in patches:
             values[i] = 0
         self.steps.append(("launch", Launch(int(function), int(grid), int(block),
-                                            int(shared_bytes), array("Q", values), patches)))
+                                            int(shared_bytes), array("Q", values), patches), 0))
 
 
 def run_direct(backend, problem: Problem, backward: bool, arrays,
