@@ -1,13 +1,18 @@
 """Every code path of the generated kernels compiles to PTX for Hopper.
 
 The simulator does not type-check; compiling with ``numba.cuda.compile_ptx``
-does. The variants below cover every storage type, direction, input and
-output stride path (1, 2 and the generic one), shared memory and global
-scratch, the tiled forward, the split passes' pre- and post-passes, the
-register kernel, block and warp (``syncwarp``) barriers (one and two planes
-per warp), several kernel sizes and launch shapes. This runs in a subprocess
-because the rest of the CPU suite imports numba in simulator mode, which
-cannot compile.
+does. numba takes 10-240 s per variant, so the variants below are chosen to
+reach every code path once rather than every combination: each storage type
+forward and backward, the input and output stride paths (1, 2 and the
+generic one), shared memory and global scratch, block and warp (``syncwarp``)
+barriers (one and two planes per warp), the tiled passes, the split passes'
+pre- and post-passes, the register kernel, fused finalize, the weights-only
+backward, more tap rows than threads and a large kernel. The simulator suite
+runs each of these paths on data.
+
+The compile runs in a subprocess (the rest of the CPU suite imports numba in
+simulator mode, which cannot compile), started in the background when
+collection ends (``conftest.py``).
 """
 
 import json
@@ -22,101 +27,66 @@ import pytest
 pytest.importorskip("numba.cuda")
 
 SPECS = textwrap.dedent("""
-    from wtconv_cuda.kernels.codegen import STORAGE, FinalizeSpec, PlaneSpec
-    paths = [(1, 1, False), (1, 2, False), (1, 3, False), (1, 1, True), (2, 1, True)]
-    # (global scratch differs from shared memory in addressing, not in the storage type:
-    # two storages take that path)
-    specs = [PlaneSpec(3, storage, i, o, bwd, scratch, 32, 2, 128, 8, scratch)
-             for storage in STORAGE for (i, o, bwd) in paths for scratch in (False, True)
-             if not (scratch and storage == "float16")]
-    specs += [PlaneSpec(k, "float32", 1, 1, bwd, False, threads, strip, 0, group, sync)
-              for k in (1, 5) for bwd in (False, True)
-              for (threads, strip, group, sync) in ((128, 4, 2, False), (32, 1, 8, False),
-                                                    (16, 1, 16, True))]
-    specs += [FinalizeSpec(k, storage) for k in (1, 3, 5, 7) for storage in STORAGE]
-    # Tiled kernels: every storage, L = 0, strips of 8, 4 and 1 rows and single items, the
-    # backward (its correlations and partials) in float32 and bfloat16.
+    from wtconv_cuda.kernels.codegen import FinalizeSpec, PlaneSpec
+    from wtconv_cuda.kernels.coarse import CoarseOutSpec, CoarseSpec
+    from wtconv_cuda.kernels.flip import FlipSpec
+    from wtconv_cuda.kernels.registers import RegisterSpec
     from wtconv_cuda.kernels.tiles import TileSpec
+    # The plane kernel's stride paths: (in, out) = (1, 1), (1, 2) and the generic (1, 3)
+    # forward, (1, 1) and (2, 1) backward; each storage forward and backward; global
+    # scratch (it differs from shared memory in addressing only) forward and backward.
+    specs = [PlaneSpec(3, "float32", 1, 1, False, False, 32, 2, 128, 8, False),
+             PlaneSpec(3, "float32", 1, 2, False, False, 32, 2, 128, 8, False),
+             PlaneSpec(3, "float16", 1, 3, False, False, 32, 2, 128, 8, False),
+             PlaneSpec(3, "bfloat16", 1, 2, False, True, 32, 2, 128, 8, True),
+             PlaneSpec(3, "float32", 1, 1, True, False, 32, 2, 128, 8, False),
+             PlaneSpec(3, "float32", 2, 1, True, True, 32, 2, 128, 8, True),
+             PlaneSpec(3, "float16", 2, 1, True, False, 32, 2, 128, 8, False)]
+    # Launch shapes: two 128-thread planes a block (block barriers, strips of 4 rows),
+    # two 16-thread planes a warp (warp barriers), 32-thread planes without a cap.
+    specs += [PlaneSpec(1, "float32", 1, 1, False, False, 128, 4, 0, 2, False),
+              PlaneSpec(1, "float32", 1, 1, True, False, 16, 1, 0, 16, True),
+              PlaneSpec(5, "float32", 1, 1, False, False, 32, 1, 0, 8, False)]
+    specs += [FinalizeSpec(k, storage) for k, storage in
+              zip((1, 3, 5, 7), ("float32", "bfloat16", "float16", "float32"))]
+    # Tiles: levels 0 to 3, strips of 4 and 2 rows and single items, the backward.
     specs += [TileSpec(5, "bfloat16", 3, 64, 128, 4, 128), TileSpec(5, "float16", 0, 64, 128),
               TileSpec(3, "float32", 2, 16, 64, 1, 0),
-              TileSpec(3, "bfloat16", 2, 16, 64, 2, 128, backward=True),
-              TileSpec(5, "float32", 1, 64, 256, 4, 128, backward=True)]
+              TileSpec(3, "bfloat16", 2, 16, 64, 2, 128, backward=True)]
     # Split passes: the pre-pass (every storage, one and two pooled arrays, splits 1 to
-    # 3), tiles fed by it (forward and backward) and the gradients' store.
-    from wtconv_cuda.kernels.coarse import CoarseOutSpec, CoarseSpec
+    # 3), a backward tile fed by it and the gradients' store.
     specs += [CoarseSpec("float32", 3, height=5, width=9),
               CoarseSpec("bfloat16", 2, 2, height=7, width=7),
               CoarseSpec("float16", 1, height=11, width=10),
-              TileSpec(5, "bfloat16", 2, 32, 128, 4, 128, coarse=True),
               TileSpec(3, "float16", 1, 32, 128, 2, 128, backward=True, coarse=True)]
-    specs += [CoarseOutSpec(storage) for storage in STORAGE]
-    # Backward blocks that write the gradients themselves (fused finalize).
-    specs += [PlaneSpec(5, storage, 1, 1, True, scratch, threads, 1, 128, group, sync, True)
-              for storage in ("float32", "bfloat16") for scratch in (False, True)
-              for (threads, group, sync) in ((16, 16, True), (128, 1, False))]
+    specs += [CoarseOutSpec(storage) for storage in ("float32", "float16", "bfloat16")]
+    # The tiles of two ConvNeXt-T stages, plane size compile-time: the 28 x 28 split
+    # (32-pixel tiles of 32 threads, fed by the pre-pass), the 56 x 56 inner levels.
+    specs += [TileSpec(5, "float32", 2, 32, 32, 4, 128, coarse=True, height=28, width=28),
+              TileSpec(5, "float32", 2, 56, 128, 7, 128, inner_levels=3, height=56, width=56)]
+    # A backward block that writes the gradients itself (fused finalize), from scratch.
+    specs += [PlaneSpec(5, "bfloat16", 1, 1, True, True, 128, 1, 128, 1, False, True)]
     # The register kernel: the ConvNeXt-T 7 x 7 stage's default (no spills at its cap),
     # bfloat16 at stride 2 on an odd plane, float16 without levels; a small backward.
-    from wtconv_cuda.kernels.registers import RegisterSpec
     specs += [RegisterSpec(5, "float32", 7, 7, 2, max_registers=168),
               RegisterSpec(3, "bfloat16", 5, 6, 3, 2), RegisterSpec(1, "float16", 3, 1, 0),
               RegisterSpec(3, "bfloat16", 3, 4, 1, 2, 64, 255, backward=True)]
-    # The tiles of the ConvNeXt-T stages, one per plane with its size compile-time: the
-    # 28 x 28 split (32-pixel tiles of 32 threads), the 56 x 56 inner levels (strips of 7),
-    # a 16-bit 14 x 14 split; and a 32-pixel tile of 64 threads with run-time sizes.
-    specs += [TileSpec(5, "float32", 2, 32, 32, 4, 128, coarse=True, height=28, width=28),
-              TileSpec(5, "float32", 2, 56, 128, 7, 128, inner_levels=3, height=56, width=56),
-              TileSpec(5, "bfloat16", 1, 16, 32, 2, 128, coarse=True, height=14, width=13),
-              TileSpec(5, "float32", 2, 32, 64, 4, 128, coarse=True)]
     # The stride-1 backward: the weight gradients alone with the plane's level table
-    # compiled in (the ConvNeXt-T 56 x 56 and 14 x 14 launch shapes, shared memory and
-    # scratch; the 28 x 28 one), and the filters flipped for dx.
-    specs += [PlaneSpec(5, storage, 1, 1, True, scratch, threads, strip, 128, group, sync,
-                        fused, weights_only=True, plane=plane)
-              for storage in STORAGE for scratch in (False, True)
-              for (threads, strip, group, sync, fused, plane) in (
-                  (128, 4, 1, False, False, (56, 56, 5)), (32, 1, 8, True, True, (14, 14, 3)))
-              if not (scratch and storage == "float16")]
-    specs += [PlaneSpec(5, "float32", 1, 1, True, False, 64, 2, 128, 2, False, False,
+    # compiled in (the ConvNeXt-T 56 x 56 launch in shared memory, a fused 14 x 14 one
+    # in scratch, a 16-bit 28 x 28 one), and the filters flipped for dx.
+    specs += [PlaneSpec(5, "float32", 1, 1, True, False, 128, 4, 128, 1, False, False,
+                        weights_only=True, plane=(56, 56, 5)),
+              PlaneSpec(5, "bfloat16", 1, 1, True, True, 32, 1, 128, 8, True, True,
+                        weights_only=True, plane=(14, 14, 3)),
+              PlaneSpec(5, "float16", 1, 1, True, False, 64, 2, 128, 2, False, False,
                         weights_only=True, plane=(28, 28, 4))]
-    from wtconv_cuda.kernels.flip import FlipSpec
-    specs += [FlipSpec(storage, k) for k in (1, 5) for storage in STORAGE]
-    # More tap rows than threads per plane: the correlation items as loops (the code
-    # both backward kernels share; the one-kernel K 17 variant spills 24 B uncapped).
-    specs += [PlaneSpec(17, "float32", 1, 1, True, False, 16, 1, 0, 16, True, False, True)]
+    specs += [FlipSpec(storage, k) for k in (1, 5) for storage in ("float32", "float16",
+                                                                   "bfloat16")]
+    # More tap rows than threads (K 5 on 4-thread planes): the correlation items as
+    # loops, code both backward kernels share. A large kernel (K 15) forward.
+    specs += [PlaneSpec(5, "float32", 1, 1, True, False, 4, 1, 0, 8, True, False, True),
+              PlaneSpec(15, "float32", 1, 1, False, False, 32, 1, 0, 8)]
 """)
-
-
-def compile_in_subprocess(cache: Path, specs_code: str, usage_file: Path | None = None) -> int:
-    """Compile the ``specs`` that ``specs_code`` defines into ``cache``; return their count.
-
-    With ``usage_file``, also write ptxas's report of each (``{repr(spec): [registers,
-    local bytes, global scratch]}``, JSON) there, or nothing if nvJitLink is missing.
-    """
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    env["WTCONV_CUDA_CACHE"] = str(cache)
-    code = specs_code + textwrap.dedent("""
-        from wtconv_cuda.kernels.warmup import compile_all
-        compile_all(specs, (9, 0), 2)
-    """)
-    if usage_file is not None:
-        code += textwrap.dedent(f"""
-            import json
-            try:
-                from wtconv_cuda.kernels.ptxas import report
-                usage = report(specs)
-            except ImportError:
-                usage = None
-            if usage is not None:
-                with open({str(usage_file)!r}, "w") as handle:
-                    json.dump({{repr(s): [usage[repr(s)].registers, usage[repr(s)].local_bytes,
-                                         bool(getattr(s, "scratch", False))] for s in specs}},
-                              handle)
-        """)
-    code += "print(len(specs))\n"
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=1500)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return int(proc.stdout.split()[-1])
 
 
 def allowed_local_bytes(spec) -> int:
@@ -167,13 +137,14 @@ def test_local_memory_bounds():
     assert local_memory_over_bounds(usage) == {tile: 8, capped: 96}
 
 
-def test_every_code_path_compiles_without_local_arrays(tmp_path):
+@pytest.mark.ptx_background
+def test_every_code_path_compiles_without_local_arrays(ptx_background):
     """No local arrays in the PTX, and ptxas (through nvJitLink) leaves no more local
     memory than :func:`allowed_local_bytes` in any variant."""
-    usage_file = tmp_path / "usage.json"
-    count = compile_in_subprocess(tmp_path / "cache", SPECS, usage_file)
-    ptx_files = sorted((tmp_path / "cache").glob("*.ptx"))
-    assert len(ptx_files) == count >= 50
+    count = ptx_background.wait(timeout=2400)
+    usage_file = ptx_background.usage_file
+    ptx_files = sorted(ptx_background.cache.glob("*.ptx"))
+    assert len(ptx_files) == count >= 40
     for path in ptx_files:
         text = path.read_text()
         assert ".entry" in text
@@ -185,14 +156,6 @@ def test_every_code_path_compiles_without_local_arrays(tmp_path):
     over = local_memory_over_bounds(usage)
     assert not over, f"variants with more local memory than allowed (bytes per thread): {over}"
     assert all(regs > 0 for regs, _, _ in usage.values())
-
-
-def test_large_kernel_compiles(tmp_path):
-    code = textwrap.dedent("""
-        from wtconv_cuda.kernels.codegen import PlaneSpec
-        specs = [PlaneSpec(15, "float32", 1, 1, bwd, False, 32, 1, 0, 8) for bwd in (False, True)]
-    """)
-    assert compile_in_subprocess(tmp_path, code) == len(list(tmp_path.glob("*.ptx"))) == 2
 
 
 def test_corrupted_cache_entry_is_compiled_again(tmp_path):

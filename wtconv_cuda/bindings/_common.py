@@ -254,7 +254,6 @@ class DeviceKernels:
                     entry = self._tables[key] = (owner, np.uint64(pointer))
         return entry[1]
 
-
     def program(self, problem, backward: bool, make_table: Callable):
         """The recorded launches of one call on this device, or None.
 

@@ -1,0 +1,57 @@
+"""The PTX tier's background compile.
+
+Tests marked ``ptx_background`` read the output of one long PTX compile
+(:data:`test_ptx.SPECS`). It starts in a subprocess as soon as collection ends and
+runs beside the simulator tests, which use one core, and the marked tests run last and
+wait for it: on a two-core CI machine the compile's quarter of an hour overlaps the
+rest of the suite instead of following it.
+"""
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from ._ptx import CompileJob
+
+MARKER = "ptx_background"
+JOB_KEY = pytest.StashKey[CompileJob]()
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", f"{MARKER}: reads the PTX compile started when collection ends (runs last)")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items):
+    waiting = [item for item in items if item.get_closest_marker(MARKER)]
+    items[:] = [item for item in items if not item.get_closest_marker(MARKER)] + waiting
+
+
+def pytest_collection_finish(session):
+    if session.config.option.collectonly:
+        return
+    if not any(item.get_closest_marker(MARKER) for item in session.items):
+        return
+    from .test_ptx import SPECS
+
+    folder = Path(tempfile.mkdtemp(prefix="wtconv-ptx-"))
+    session.config.stash[JOB_KEY] = CompileJob(folder / "cache", SPECS, folder / "usage.json")
+
+
+def pytest_sessionfinish(session):
+    job = session.config.stash.get(JOB_KEY, None)
+    if job is not None:
+        job.kill()
+        shutil.rmtree(job.cache.parent, ignore_errors=True)
+
+
+@pytest.fixture
+def ptx_background(request) -> CompileJob:
+    """The background compile of :data:`test_ptx.SPECS` (started when collection ended)."""
+    job = request.config.stash.get(JOB_KEY, None)
+    if job is None:
+        pytest.fail(f"the background PTX compile did not start (is the test marked {MARKER}?)")
+    return job
