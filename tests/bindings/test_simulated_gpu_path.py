@@ -97,22 +97,14 @@ def simulated(monkeypatch):
 
 
 @pytest.fixture(params=["planner", "program"])
-def torch_launch(request, simulated, monkeypatch):
-    """The PyTorch binding's launches on the simulator: through the planner (a
+def launch_path(request, simulated, monkeypatch):
+    """How the bindings' launches reach the simulator: through the planner (a
     PointerLauncher per call), or as recorded programs replayed with the call's
     addresses (kernels get driver handles; a replayed launch maps its handle and
-    addresses back to the kernel and arrays)."""
-    torch = pytest.importorskip("torch")
-    from wtconv_cuda.bindings import torch as wttorch
+    addresses back to the kernel and arrays, and counts in ``simulated.replayed``)."""
     from wtconv_cuda.kernels import program
 
     device = simulated.device
-    monkeypatch.setattr(wttorch, "_hooks", lambda d: (device, simulated.allocate,
-                                                       simulated.make_table))
-    monkeypatch.setattr(wttorch, "_current_stream", lambda index: 0)
-    monkeypatch.setattr(wttorch, "_launcher", lambda d: _common.PointerLauncher(
-        device, FakeStream(), simulated.allocate, simulated.make_table))
-    monkeypatch.setattr(wttorch, "_ptr", lambda t: simulated.add(t.detach().numpy()))
     simulated.replayed = 0
     if request.param == "program":
         kernels = {}
@@ -129,7 +121,23 @@ def torch_launch(request, simulated, monkeypatch):
 
         monkeypatch.setattr(device, "driver_handle", driver_handle)
         monkeypatch.setattr(program, "launch_packed", launch_packed)
-    return request.param, torch, wttorch
+    return request.param
+
+
+@pytest.fixture
+def torch_launch(launch_path, simulated, monkeypatch):
+    """The PyTorch binding on the simulator, along ``launch_path``."""
+    torch = pytest.importorskip("torch")
+    from wtconv_cuda.bindings import torch as wttorch
+
+    device = simulated.device
+    monkeypatch.setattr(wttorch, "_hooks", lambda d: (device, simulated.allocate,
+                                                       simulated.make_table))
+    monkeypatch.setattr(wttorch, "_current_stream", lambda index: 0)
+    monkeypatch.setattr(wttorch, "_launcher", lambda d: _common.PointerLauncher(
+        device, FakeStream(), simulated.allocate, simulated.make_table))
+    monkeypatch.setattr(wttorch, "_ptr", lambda t: simulated.add(t.detach().numpy()))
+    return launch_path, torch, wttorch
 
 
 def rel(got, want):
@@ -214,8 +222,8 @@ def test_torch_module_gpu_path(simulated, torch_launch, monkeypatch, rng, levels
 
 
 @pytest.mark.parametrize("shape,k,levels,stride,bias,storage,shared_limit", CASES[:3])
-def test_jax_gpu_path(simulated, monkeypatch, rng, shape, k, levels, stride, bias, storage,
-                      shared_limit):
+def test_jax_gpu_path(simulated, launch_path, monkeypatch, rng, shape, k, levels, stride, bias,
+                      storage, shared_limit):
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
 
@@ -253,6 +261,7 @@ def test_jax_gpu_path(simulated, monkeypatch, rng, shape, k, levels, stride, bia
             assert rel(getattr(dw, name), want) < TOL[storage], name
     # The partials (and scratch) were XLA's extra results: nothing fell back to CuPy.
     assert not simulated.allocations
+    assert (simulated.replayed >= 2) == (launch_path == "program")  # a forward and a backward
 
 
 def test_split_passes_through_pointers(simulated, rng):

@@ -9,9 +9,11 @@ Mechanisms
     stream with the buffers' raw addresses. It is zero-copy both ways: inputs
     are read in place (never written), outputs are buffers that XLA allocated
     for the callback's results, and the weight-gradient partials and global
-    scratch are extra (discarded) results, so XLA allocates them too. No host
-    synchronisation; the cost is the Python callback (a few tens of
-    microseconds of host time per call; see ``benchmarks/binding_overhead.py``).
+    scratch are extra (discarded) results, so XLA allocates them too. Each
+    problem's launches are planned once and replayed with the buffers'
+    addresses (:mod:`wtconv_cuda.kernels.program`). No host synchronisation;
+    the cost is the Python callback (a few tens of microseconds of host time
+    per call; see ``benchmarks/binding_overhead.py``).
     XLA treats the call as opaque, so it is not fused and does not enter XLA's
     CUDA-graph command buffers (``command_buffer_compatible=False``: the first
     call of a shape may compile kernels and upload tables).
@@ -341,16 +343,9 @@ def _run_forward(ctx, out, x, weights, levels, stride, has_bias):
                             for a in _unpack(weights, has_bias)))
         _store(y, reference.forward(_host(x), w, levels, stride))
         return
-    from ..kernels.launch import Weights, run_forward
-
-    device_id = _device_id(x)
-    launcher, problem = _gpu_launch(ctx, device_id, scratch, x, weights, levels, stride,
-                                    has_bias)
     bw, bb, bs, ww, ws = _unpack(weights, has_bias)
-    kernel_weights = Weights(_address(bw), _address(bb if has_bias else bs), _address(bs),
-                             _address(ww), _address(ws))
-    with _common.DeviceScope(device_id):
-        run_forward(launcher, problem, _address(x), _address(y), kernel_weights)
+    _launch(ctx, scratch, x, weights, levels, stride, has_bias, False,
+            (_address(x), _address(y), *_kernel_weights(bw, bb, bs, ww, ws)))
 
 
 def _run_backward(ctx, out, dy, x, weights, levels, stride, has_bias):
@@ -364,37 +359,48 @@ def _run_backward(ctx, out, dy, x, weights, levels, stride, has_bias):
         for target, values in zip(grads, (a for a in dw if a is not None)):
             _store(target, values)
         return
-    from ..kernels.launch import Weights, run_backward
-
-    device_id = _device_id(x)
-    launcher, problem = _gpu_launch(ctx, device_id, scratch, x, weights, levels, stride,
-                                    has_bias)
     bw, bb, bs, ww, ws = _unpack(weights, has_bias)
     gw, gb, gs, gww, gws = _unpack(grads, has_bias)
-    kernel_weights = Weights(_address(bw), _address(bb if has_bias else bs), _address(bs),
-                             _address(ww), _address(ws))
-    kernel_grads = Weights(_address(gw), _address(gb if has_bias else gs), _address(gs),
-                           _address(gww), _address(gws))
-    with _common.DeviceScope(device_id):
-        run_backward(launcher, problem, _address(x), _address(dy), _address(dx), kernel_weights,
-                     kernel_grads)
+    _launch(ctx, scratch, x, weights, levels, stride, has_bias, True,
+            (_address(x), _address(dy), _address(dx), *_kernel_weights(bw, bb, bs, ww, ws),
+             *_kernel_weights(gw, gb, gs, gww, gws)))
 
 
-def _gpu_launch(ctx, device_id, scratch, x, weights, levels, stride, has_bias):
+def _kernel_weights(bw, bb, bs, ww, ws) -> tuple:
+    """Addresses of the five weight (or gradient) buffers; a bias-free layer passes
+    ``base_scale`` where the kernels take the bias (they do not read it)."""
+    return (_address(bw), _address(bs if bb is None else bb), _address(bs), _address(ww),
+            _address(ws))
+
+
+def _launch(ctx, scratch, x, weights, levels, stride, has_bias, backward, addresses):
+    """Queue one call's launches on XLA's stream: its recorded program
+    (:mod:`wtconv_cuda.kernels.program`), else through the planner. Work buffers come
+    from XLA's extra results (:class:`_ScratchPool`); ``addresses`` in the slot order of
+    :func:`~wtconv_cuda.kernels.program.run_direct`."""
     from ..kernels.launch import Problem
+    from ..kernels.program import run_direct
 
     dtype = np.dtype(x.dtype).name
     if dtype not in GPU_STORAGE:
         raise TypeError(f"x has dtype {dtype}; on a GPU the kernels support float32, float16 "
                         "and bfloat16")
-    kernels = _common.device_kernels(device_id)
-    stream = _common.stream_handle(device_id, _stream_of(ctx))
-    pool = _ScratchPool(scratch, device_id, stream)
-    launcher = _common.PointerLauncher(kernels, stream, pool.allocate, _cupy_table(device_id))
+    device_id = _device_id(x)
     b, c, h, width = x.shape
-    k = weights[0].shape[-1]
-    problem = Problem(b, c, h, width, k, levels, stride, GPU_STORAGE[dtype], has_bias)
-    return launcher, problem
+    problem = Problem(b, c, h, width, weights[0].shape[-1], levels, stride, GPU_STORAGE[dtype],
+                      has_bias)
+    kernels = _common.device_kernels(device_id)
+    pointer = _stream_of(ctx)
+    stream = _common.stream_handle(device_id, pointer)
+    pool = _ScratchPool(scratch, device_id, stream)
+    make_table = _cupy_table(device_id)
+    with _common.DeviceScope(device_id):
+        program = kernels.program(problem, backward, make_table)
+        if program is None:
+            launcher = _common.PointerLauncher(kernels, stream, pool.allocate, make_table)
+            run_direct(launcher, problem, backward, addresses)
+        else:
+            program.run(addresses, pool.allocate, pointer)
 
 
 class _ScratchPool:
