@@ -1,0 +1,180 @@
+"""A/B of a split rule's size threshold through the CuPy path, both settings in one process.
+
+``SPLIT_SMALL_TILES[edge].min_pixels`` decides from which problem size the
+forward on ``edge``-pixel tiles splits (a pooling pre-pass, the coarse
+problem, the tiles: three launches) instead of running the plane kernel (one).
+The backward's ``dx`` forward follows it too
+(:func:`~wtconv_cuda.kernels.launch.dx_forward_plan`). For each shape this
+script alternates the current threshold and ``--min-pixels`` for
+``--rounds`` rounds (plan and program caches cleared at every switch, kernels
+compiled beforehand), and prints, in us, the median over ``--repeats`` calls
+with rotating inputs of:
+
+- ``fwd``: CUDA events around one ``wtconv_cuda.forward`` call after the GPU
+  went idle (host time included, as in the user benchmark);
+- ``fwd b2b``: events around ``--repeats`` back-to-back forwards, per call
+  (the GPU never waits for the host: kernel time);
+- ``step``: events around one forward and one backward (a training step);
+- ``step b2b``: back to back, per step.
+
+It also prints which launches each setting plans. Inputs are random normal
+(PyTorch makes them on the GPU), never zeros.
+
+    python benchmarks/split_threshold.py --min-pixels 2097152 \\
+        --shapes 28x384x14x14:3 32x384x14x14:3 64x192x14x14:3 64x384x14x14:3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import cupy
+import wtconv_cuda as wt
+from wtconv_cuda import gpu
+from wtconv_cuda.kernels import launch
+from wtconv_cuda.kernels.compiler import distinct, parse_compute_capability
+from wtconv_cuda.kernels.launch import Problem, planned_specs
+from wtconv_cuda.kernels.warmup import compile_all
+
+#: The dtypes wtconv_cuda.forward takes on CuPy arrays.
+DTYPES = {"fp32": "float32", "fp16": "float16"}
+
+
+def set_threshold(edge: int, min_pixels: int) -> None:
+    """Set the rule's threshold and forget every plan and recorded program."""
+    launch.SPLIT_SMALL_TILES[edge] = launch.SPLIT_SMALL_TILES[edge]._replace(
+        min_pixels=min_pixels)
+    for value in vars(launch).values():
+        if hasattr(value, "cache_clear"):
+            value.cache_clear()
+    gpu._program.cache_clear()
+
+
+def event_us(fn, inputs, repeats: int) -> float:
+    """Median of events around single calls, the GPU idle before each."""
+    times = []
+    for i in range(repeats):
+        cupy.cuda.Device().synchronize()
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        fn(*inputs[i % len(inputs)])
+        stop.record()
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop) * 1e3)
+    return statistics.median(times)
+
+
+def back_to_back_us(fn, inputs, repeats: int) -> float:
+    """Events around ``repeats`` calls issued back to back, per call."""
+    cupy.cuda.Device().synchronize()
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record()
+    for i in range(repeats):
+        fn(*inputs[i % len(inputs)])
+    stop.record()
+    stop.synchronize()
+    return cupy.cuda.get_elapsed_time(start, stop) * 1e3 / repeats
+
+
+def parse_shape(text: str):
+    dims, levels = text.split(":")
+    return tuple(int(v) for v in dims.split("x")), int(levels)
+
+
+def make_inputs(shape, levels, k, dtype, rotations=3):
+    """``rotations`` (x, w, dy) triples of random normal values in ``dtype``, a storage
+    name (made by PyTorch on the GPU and shared with CuPy through DLPack)."""
+    import torch
+
+    c = shape[1]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    held = []
+
+    def draw(*s, scale=1.0):
+        t = (torch.randn(s, generator=gen, device="cuda") * scale).to(getattr(torch, dtype))
+        held.append(t)
+        return cupy.from_dlpack(t)
+
+    out = []
+    for _ in range(rotations):
+        weights = wt.WTConvWeights(draw(c, k, k, scale=0.2), draw(c), draw(c),
+                                   draw(levels, c, 4, k, k, scale=0.2), draw(levels, c, 4))
+        out.append((draw(*shape), weights, draw(*shape)))
+    return out, held
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", nargs="+", required=True, help="BxCxHxW:L, stride 1")
+    parser.add_argument("--edge", type=int, default=16, help="the rule's tile edge")
+    parser.add_argument("--min-pixels", type=int, required=True, help="the other threshold")
+    parser.add_argument("--dtypes", nargs="+", default=["fp32"], choices=list(DTYPES))
+    parser.add_argument("--kernel-size", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--jobs", type=int, default=8, help="compile processes")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+
+    current = launch.SPLIT_SMALL_TILES[args.edge].min_pixels
+    settings = [current, args.min_pixels]
+    backend = gpu._backend(0)
+    cc = parse_compute_capability(cupy.cuda.Device(0).compute_capability)
+    rows = []
+    for text in args.shapes:
+        shape, levels = parse_shape(text)
+        for dtype_name in args.dtypes:
+            storage = DTYPES[dtype_name]
+            problem = Problem(*shape, args.kernel_size, levels, 1, storage, True)
+            specs = []
+            for setting in settings:
+                set_threshold(args.edge, setting)
+                for backward in (False, True):
+                    plan = planned_specs(problem, backward, backend.shared_limit,
+                                         backend.max_slots)
+                    specs += plan
+                    print(f"{text} {dtype_name} min_pixels={setting} "
+                          f"{'backward' if backward else 'forward'}: "
+                          + ", ".join(type(s).__name__ for s in plan), flush=True)
+            compile_all(distinct(specs), cc, args.jobs)
+            inputs, _held = make_inputs(shape, levels, args.kernel_size,
+                                        storage)
+
+            def fwd(x, w, dy):
+                return wt.forward(x, w, levels=levels)
+
+            def step(x, w, dy):
+                tape = wt.Tape()
+                wt.forward(x, w, levels=levels, tape=tape)
+                return tape.backward(dy)
+
+            results = {setting: {"fwd": [], "fwd b2b": [], "step": [], "step b2b": []}
+                       for setting in settings}
+            for _ in range(args.rounds):
+                for setting in settings:
+                    set_threshold(args.edge, setting)
+                    for fn in (fwd, step):  # warm: programs recorded, buffers pooled
+                        for i in range(3):
+                            fn(*inputs[i])
+                    r = results[setting]
+                    r["fwd"].append(event_us(fwd, inputs, args.repeats))
+                    r["fwd b2b"].append(back_to_back_us(fwd, inputs, args.repeats))
+                    r["step"].append(event_us(step, inputs, args.repeats))
+                    r["step b2b"].append(back_to_back_us(step, inputs, args.repeats))
+            set_threshold(args.edge, current)
+            for setting in settings:
+                cells = "  ".join(f"{name} " + "/".join(f"{v:.1f}" for v in values)
+                                  for name, values in results[setting].items())
+                print(f"{text} {dtype_name} min_pixels={setting}: {cells}", flush=True)
+                rows.append({"shape": text, "dtype": dtype_name, "min_pixels": setting,
+                             **results[setting]})
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"edge": args.edge, "rows": rows}, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
