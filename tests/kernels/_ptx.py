@@ -1,4 +1,4 @@
-"""Compiling kernel variants to PTX in a subprocess, in the foreground or in the background.
+"""Compiling kernel variants to PTX in a subprocess that runs beside the test session.
 
 The CPU suite imports numba in simulator mode, which cannot compile, so every PTX compile
 runs in a fresh interpreter without ``NUMBA_ENABLE_CUDASIM``. numba takes 10-240 s per
@@ -77,9 +77,3 @@ class CompileJob:
             self._proc.kill()
             self._proc.communicate()
 
-
-def compile_in_subprocess(cache: Path, specs_code: str, usage_file: Path | None = None,
-                          timeout: float = 1500) -> int:
-    """Compile the ``specs`` that ``specs_code`` defines into ``cache`` and wait; return
-    their count (see :class:`CompileJob`)."""
-    return CompileJob(cache, specs_code, usage_file).wait(timeout)
