@@ -30,15 +30,19 @@ def pytest_collection_modifyitems(items):
     items[:] = [item for item in items if not item.get_closest_marker(MARKER)] + waiting
 
 
-def pytest_collection_finish(session):
-    if session.config.option.collectonly:
-        return
-    if not any(item.get_closest_marker(MARKER) for item in session.items):
-        return
+def _start(config) -> CompileJob:
     from .test_ptx import SPECS
 
     folder = Path(tempfile.mkdtemp(prefix="wtconv-ptx-"))
-    session.config.stash[JOB_KEY] = CompileJob(folder / "cache", SPECS, folder / "usage.json")
+    job = config.stash[JOB_KEY] = CompileJob(folder / "cache", SPECS, folder / "usage.json")
+    return job
+
+
+def pytest_collection_finish(session):
+    if session.config.option.collectonly or hasattr(session.config, "workerinput"):
+        return  # (a pytest-xdist worker collects every test: the test starts it there)
+    if any(item.get_closest_marker(MARKER) for item in session.items):
+        _start(session.config)
 
 
 def pytest_sessionfinish(session):
@@ -50,8 +54,7 @@ def pytest_sessionfinish(session):
 
 @pytest.fixture
 def ptx_background(request) -> CompileJob:
-    """The background compile of :data:`test_ptx.SPECS` (started when collection ended)."""
+    """The compile of :data:`test_ptx.SPECS`: the one started when collection ended, or
+    (under pytest-xdist) one started now."""
     job = request.config.stash.get(JOB_KEY, None)
-    if job is None:
-        pytest.fail(f"the background PTX compile did not start (is the test marked {MARKER}?)")
-    return job
+    return _start(request.config) if job is None else job
