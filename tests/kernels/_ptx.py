@@ -76,4 +76,3 @@ class CompileJob:
         if self._proc.poll() is None:
             self._proc.kill()
             self._proc.communicate()
-
