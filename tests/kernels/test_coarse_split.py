@@ -248,12 +248,15 @@ def test_coarse_tiles_need_a_fine_level():
 
 #: (shape, levels, k, split, tile, threads, storage, bias): one tile per plane, the levels
 #: above the split in the block. Inner bands of odd size (7 -> 4 -> 2 -> 1, 3 -> 2 -> 1),
-#: a plane smaller than its tile, K 3 and 5, float16, no bias.
+#: a plane smaller than its tile, K 3 and 5, float16, no bias; a split at 1, whose inner
+#: levels cannot reuse grid 0 (x, read by the output phase), as the 14 x 14 stage's.
 INNER_CASES = [
     ((1, 2, 13, 11), 4, 3, 2, 16, 32, "float32", True),
     ((2, 1, 12, 12), 5, 5, 2, 12, 32, "float32", True),
     ((1, 1, 28, 27), 5, 3, 2, 28, 64, "float32", False),
     ((1, 2, 9, 7), 3, 3, 2, 12, 32, "float16", True),
+    ((1, 2, 14, 13), 3, 5, 1, 16, 32, "float32", True),
+    ((1, 1, 7, 8), 3, 3, 1, 8, 32, "float16", False),
 ]
 
 
@@ -327,7 +330,23 @@ def test_inner_geometry_reuses_the_dead_grid():
     start, stop = plain.grids[1], plain.z[0]
     assert start <= inner.taps and inner.z[-1] + 4 * 2 * 2 <= stop
     with pytest.raises(ValueError, match="inner levels"):
-        tile_geometry(5, 1, 56, False, 128, 3)
+        tile_geometry(5, 0, 56, False, 128, 3)
+
+
+def test_inner_geometry_of_a_split_at_one_keeps_x():
+    """At 14 x 14 (tile 16, split 1, two inner levels) grid 0 holds x until the output
+    phase: everything of the inner levels goes past the tile's own buffer, disjoint."""
+    plain = tile_geometry(5, 1, 16, False, 32)
+    geo = tile_geometry(5, 1, 16, False, 32, 2)
+    inner = geo.inner
+    assert inner.sizes == (8, 4, 2) and inner.blocks == (8, 6)
+    regions = sorted([(inner.taps, 2 * 4 * 25)]
+                     + [(g, 4 * n * n) for g, n in zip(inner.grids, inner.blocks)]
+                     + [(z, 4 * m * m) for z, m in zip(inner.z, inner.sizes[1:])])
+    assert regions[0][0] == plain.floats
+    for (start, size), (following, _) in zip(regions, regions[1:]):
+        assert start + size <= following
+    assert geo.floats == regions[-1][0] + regions[-1][1]
 
 
 @pytest.mark.parametrize("spec", [TileSpec(3, "float32", 2, 8, 32, 2, inner_levels=-1),
@@ -335,7 +354,7 @@ def test_inner_geometry_reuses_the_dead_grid():
                                            inner_levels=1),
                                   TileSpec(3, "float32", 2, 8, 32, 2, coarse=True,
                                            inner_levels=1),
-                                  TileSpec(3, "float32", 1, 8, 32, 2, inner_levels=1)])
+                                  TileSpec(3, "float32", 0, 8, 32, 2, inner_levels=1)])
 def test_inner_levels_reject_bad_specs(spec):
     with pytest.raises(ValueError, match="inner_levels"):
         tile_kernel_source(spec)

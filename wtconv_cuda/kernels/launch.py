@@ -557,7 +557,7 @@ class SmallTileSplit(NamedTuple):
         tile's halo reads too much (0: the power of two).
     inner : bool
         Run the levels above ``level`` in the tile's block instead of a coarse
-        pre-pass (:func:`inner_tiles`; needs ``level >= 2``).
+        pre-pass (:func:`inner_tiles`).
     """
 
     level: int
@@ -688,8 +688,8 @@ def inner_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning()):
     """A forward on one tile per plane that runs the levels above the split in the block.
 
     Where the default split (:func:`plan_split`) would take one tile per plane
-    at level ``c >= 2`` and its rule says so (`SPLIT_SMALL_TILES`: planes of 33
-    to 64 pixels, such as the 56 x 56 ConvNeXt-T stage), that tile covers the
+    and its rule says so (`SPLIT_SMALL_TILES`: planes of 33 to 64 pixels, such
+    as the 56 x 56 ConvNeXt-T stage), that tile covers the
     whole plane, so its LL band of level ``c``
     is the coarse problem's input: the block runs the levels above ``c`` on
     it after its own (``TileSpec.inner_levels``) instead of a coarse
@@ -721,7 +721,7 @@ def inner_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning()):
     if small is None:
         return None
     c, fine = small
-    if c < 2 or fine.ntiles != 1:
+    if c < 1 or fine.ntiles != 1:
         return None
     spec = fine.spec._replace(inner_levels=p.levels - c)
     geo = tile_geometry(p.kernel_size, c, spec.tile, False, spec.threads, spec.inner_levels)

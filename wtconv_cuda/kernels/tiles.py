@@ -368,21 +368,22 @@ def inner_geometry(kernel_size: int, levels: int, tile: int, inner_levels: int,
     reads that grid too) get new space. The other levels' blocks, the
     subbands and the taps are only used after level ``L``'s analysis, when
     grid ``L - 1`` is dead: they go in its place if they fit there, else after
-    level 1's blocks.
+    level 1's blocks. (At ``L = 1`` that grid is ``x``, which the output phase
+    still reads: the caller passes an empty region.)
 
     Parameters
     ----------
     kernel_size : int
         Odd ``K``.
     levels : int
-        The tile's levels ``L >= 2``.
+        The tile's levels ``L >= 1``.
     tile : int
         Tile edge ``TS``.
     inner_levels : int
         Levels above ``L`` to run, ``Li >= 1``.
     free : tuple
-        ``((start, size), end)``: grid ``L - 1``'s region, and the first
-        float past the tile's buffer.
+        ``((start, size), end)``: the dead region (grid ``L - 1``'s; size 0
+        for none), and the first float past the tile's buffer.
 
     Returns
     -------
@@ -433,7 +434,7 @@ def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = Fal
         Threads per block (sizes the backward's reduction area).
     inner_levels : int, default 0
         Forward only: levels run above ``L`` inside the block
-        (:attr:`TileSpec.inner_levels`; needs ``L >= 2``).
+        (:attr:`TileSpec.inner_levels`; needs ``L >= 1``).
 
     Returns
     -------
@@ -443,7 +444,7 @@ def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = Fal
     ------
     ValueError
         ``tile`` is not a positive multiple of ``2**max(L, 1)``, or inner
-        levels with a backward or fewer than two levels.
+        levels with a backward or without a level of the tile's own.
     """
     K, L, TS = kernel_size, levels, tile
     if TS <= 0 or TS % 2 ** max(L, 1):
@@ -465,9 +466,11 @@ def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = Fal
         z.append(offset)
         offset += 4 * (TS >> j) ** 2
     if inner_levels:
-        if backward or L < 2:
-            raise ValueError("inner levels need a forward tile with at least two levels")
-        dead = (grids[L - 1], 4 * phase_stride(edges[L - 1]))
+        if backward or L < 1:
+            raise ValueError("inner levels need a forward tile with at least one level")
+        # grid L - 1 is dead once level L has read it, unless it is grid 0 (x), which the
+        # output phase reads last
+        dead = (grids[L - 1], 4 * phase_stride(edges[L - 1])) if L >= 2 else (0, 0)
         inner, offset = inner_geometry(K, L, TS, inner_levels, (dead, offset))
         return TileGeometry(halos, edges, tuple(grids), tuple(z), ntaps, offset, inner=inner)
     if not backward:
@@ -651,8 +654,8 @@ def tile_kernel_source(spec: TileSpec) -> str:
         raise ValueError(f"storage must be one of {STORAGE}, got {spec.storage!r}")
     if L < 0:
         raise ValueError(f"levels must be >= 0, got {L}")
-    if spec.inner_levels < 0 or (spec.inner_levels and (spec.backward or spec.coarse or L < 2)):
-        raise ValueError("inner_levels needs a forward tile with at least two levels and no "
+    if spec.inner_levels < 0 or (spec.inner_levels and (spec.backward or spec.coarse or L < 1)):
+        raise ValueError("inner_levels needs a forward tile with at least one level and no "
                          f"coarse pre-pass, got {spec}")
     geo = tile_geometry(K, L, TS, spec.backward, NT, spec.inner_levels)
     if Q < 1 or (TS // 2) % Q:
@@ -1045,7 +1048,8 @@ def _emit_inner_tap_loads(e: _Emitter, spec: TileSpec, geo: TileGeometry) -> Non
 
     Emitted at the start of level ``L``'s phase: the values wait in registers
     (``tws{r}``, ``tww{r}``) while the level runs, and :func:`_emit_inner_levels`
-    folds and stores them once grid ``L - 1``, where they go, is dead. (Loaded
+    folds and stores them after the level's barrier (their place may be grid
+    ``L - 1``, dead by then: :func:`inner_geometry`). (Loaded
     there, after a barrier, every warp of the block waited on them: 4.8% of the
     56 x 56 tile's warp samples. A loop per level and subband, as
     :func:`~wtconv_cuda.kernels.codegen._emit_fold_weights` has, kept ~25
