@@ -1,14 +1,17 @@
-"""A/B of a split rule's size threshold through the CuPy path, both settings in one process.
+"""A/B of a small-plane split rule through the CuPy path, every setting in one process.
 
-``SPLIT_SMALL_TILES[edge].min_pixels`` decides from which problem size the
-forward on ``edge``-pixel tiles splits (a pooling pre-pass, the coarse
-problem, the tiles: three launches) instead of running the plane kernel (one).
-The backward's ``dx`` forward follows it too
+``SPLIT_SMALL_TILES[edge]`` decides how a forward on planes of at most
+``edge`` pixels splits: from which problem size (``min_pixels``) it runs a
+pooling pre-pass, the coarse problem and the tiles (three launches) instead
+of the plane kernel (one), or the tile alone with the coarse levels in its
+block (``inner``). The backward's ``dx`` forward follows it too
 (:func:`~wtconv_cuda.kernels.launch.dx_forward_plan`). For each shape this
-script alternates the current threshold and ``--min-pixels`` for
-``--rounds`` rounds (plan and program caches cleared at every switch, kernels
-compiled beforehand), and prints, in us, the median over ``--repeats`` calls
-with rotating inputs of:
+script alternates the current rule and each ``--rule`` (fields of
+:class:`~wtconv_cuda.kernels.launch.SmallTileSplit` replaced, e.g.
+``inner=1,min_pixels=0``; ``--min-pixels N`` is ``--rule min_pixels=N``)
+for ``--rounds`` rounds (plan and program caches cleared at every switch,
+kernels compiled beforehand), and prints, in us, the median over
+``--repeats`` calls with rotating inputs of:
 
 - ``fwd``: CUDA events around one ``wtconv_cuda.forward`` call after the GPU
   went idle (host time included, as in the user benchmark);
@@ -22,6 +25,8 @@ It also prints which launches each setting plans. Inputs are random normal
 
     python benchmarks/split_threshold.py --min-pixels 2097152 \\
         --shapes 28x384x14x14:3 32x384x14x14:3 64x192x14x14:3 64x384x14x14:3
+    python benchmarks/split_threshold.py --rule inner=1,min_pixels=0 \\
+        --shapes 64x384x14x14:3 32x384x14x14:3
 """
 
 from __future__ import annotations
@@ -42,10 +47,27 @@ from wtconv_cuda.kernels.warmup import compile_all
 DTYPES = {"fp32": "float32", "fp16": "float16"}
 
 
-def set_threshold(edge: int, min_pixels: int) -> None:
-    """Set the rule's threshold and forget every plan and recorded program."""
-    launch.SPLIT_SMALL_TILES[edge] = launch.SPLIT_SMALL_TILES[edge]._replace(
-        min_pixels=min_pixels)
+def parse_rule(current: launch.SmallTileSplit, text: str) -> launch.SmallTileSplit:
+    """``current`` with the fields of ``text`` (``field=int,...``) replaced."""
+    fields = {}
+    for item in text.split(","):
+        name, value = item.split("=")
+        if name not in launch.SmallTileSplit._fields:
+            raise SystemExit(f"unknown SmallTileSplit field {name!r}")
+        fields[name] = type(getattr(current, name))(int(value))
+    return current._replace(**fields)
+
+
+def label(current: launch.SmallTileSplit, rule: launch.SmallTileSplit) -> str:
+    """The fields where ``rule`` differs from ``current`` ("current" where none)."""
+    changed = [f"{name}={getattr(rule, name):d}" for name in rule._fields
+               if getattr(rule, name) != getattr(current, name)]
+    return ",".join(changed) or "current"
+
+
+def set_rule(edge: int, rule: launch.SmallTileSplit) -> None:
+    """Set the rule and forget every plan and recorded program."""
+    launch.SPLIT_SMALL_TILES[edge] = rule
     for value in vars(launch).values():
         if hasattr(value, "cache_clear"):
             value.cache_clear()
@@ -109,7 +131,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", nargs="+", required=True, help="BxCxHxW:L, stride 1")
     parser.add_argument("--edge", type=int, default=16, help="the rule's tile edge")
-    parser.add_argument("--min-pixels", type=int, required=True, help="the other threshold")
+    parser.add_argument("--rule", action="append", default=[],
+                        help="fields replaced, e.g. inner=1,min_pixels=0 (repeatable)")
+    parser.add_argument("--min-pixels", type=int, help="shorthand of --rule min_pixels=N")
     parser.add_argument("--dtypes", nargs="+", default=["fp32"], choices=list(DTYPES))
     parser.add_argument("--kernel-size", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
@@ -118,8 +142,13 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
 
-    current = launch.SPLIT_SMALL_TILES[args.edge].min_pixels
-    settings = [current, args.min_pixels]
+    current = launch.SPLIT_SMALL_TILES[args.edge]
+    texts = args.rule + ([f"min_pixels={args.min_pixels}"] if args.min_pixels is not None else [])
+    if not texts:
+        parser.error("give --rule or --min-pixels")
+    rules = [current] + [parse_rule(current, text) for text in texts]
+    settings = [label(current, rule) for rule in rules]
+    rule_of = dict(zip(settings, rules))
     backend = gpu._backend(0)
     cc = parse_compute_capability(cupy.cuda.Device(0).compute_capability)
     rows = []
@@ -130,12 +159,12 @@ def main(argv=None) -> int:
             problem = Problem(*shape, args.kernel_size, levels, 1, storage, True)
             specs = []
             for setting in settings:
-                set_threshold(args.edge, setting)
+                set_rule(args.edge, rule_of[setting])
                 for backward in (False, True):
                     plan = planned_specs(problem, backward, backend.shared_limit,
                                          backend.max_slots)
                     specs += plan
-                    print(f"{text} {dtype_name} min_pixels={setting} "
+                    print(f"{text} {dtype_name} {setting} "
                           f"{'backward' if backward else 'forward'}: "
                           + ", ".join(type(s).__name__ for s in plan), flush=True)
             compile_all(distinct(specs), cc, args.jobs)
@@ -150,11 +179,24 @@ def main(argv=None) -> int:
                 wt.forward(x, w, levels=levels, tape=tape)
                 return tape.backward(dy)
 
+            # every setting's y and dx against the current rule's (validated by the tests)
+            outputs = {}
+            for setting in settings:
+                set_rule(args.edge, rule_of[setting])
+                y = fwd(*inputs[0]).astype(cupy.float64)
+                dx = step(*inputs[0])[0].astype(cupy.float64)
+                outputs[setting] = (y, dx)
+                ref = outputs[settings[0]]
+                diff = [float(cupy.abs(a - b).max() / cupy.abs(b).max())
+                        for a, b in zip((y, dx), ref)]
+                print(f"{text} {dtype_name} {setting}: max |y - y_current| / max |y_current| "
+                      f"{diff[0]:.2e}, dx {diff[1]:.2e}", flush=True)
+            del outputs
             results = {setting: {"fwd": [], "fwd b2b": [], "step": [], "step b2b": []}
                        for setting in settings}
             for _ in range(args.rounds):
                 for setting in settings:
-                    set_threshold(args.edge, setting)
+                    set_rule(args.edge, rule_of[setting])
                     for fn in (fwd, step):  # warm: programs recorded, buffers pooled
                         for i in range(3):
                             fn(*inputs[i])
@@ -163,13 +205,13 @@ def main(argv=None) -> int:
                     r["fwd b2b"].append(back_to_back_us(fwd, inputs, args.repeats))
                     r["step"].append(event_us(step, inputs, args.repeats))
                     r["step b2b"].append(back_to_back_us(step, inputs, args.repeats))
-            set_threshold(args.edge, current)
+            set_rule(args.edge, current)
             for setting in settings:
                 cells = "  ".join(f"{name} " + "/".join(f"{v:.1f}" for v in values)
                                   for name, values in results[setting].items())
-                print(f"{text} {dtype_name} min_pixels={setting}: {cells}", flush=True)
-                rows.append({"shape": text, "dtype": dtype_name, "min_pixels": setting,
-                             **results[setting]})
+                print(f"{text} {dtype_name} {setting}: {cells}", flush=True)
+                rows.append({"shape": text, "dtype": dtype_name, "rule": setting,
+                             **rule_of[setting]._asdict(), **results[setting]})
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"edge": args.edge, "rows": rows}, handle, indent=1)
