@@ -26,7 +26,7 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 
 from wtconv_cuda import reference  # noqa: E402
 from wtconv_cuda.kernels.launch import (  # noqa: E402
-    DX_NO_SPLIT, CupyBackend, DxForward, Problem, Tuning, Weights, dx_forward_plan, plan_plane,
+    DX_INNER, CupyBackend, DxForward, Problem, Tuning, Weights, dx_forward_plan, plan_plane,
     plan_registers, plan_split, plan_tiles, run_backward, run_forward,
 )
 from wtconv_cuda.weights import WTConvWeights  # noqa: E402
@@ -271,11 +271,14 @@ def test_split_is_the_default_for_deep_levels(shape, levels, tile, split, storag
 @pytest.mark.parametrize("storage", list(DTYPES))
 @pytest.mark.parametrize("shape,levels,tile,inner", [((8, 48, 56, 56), 5, 56, 3),
                                                      ((16, 48, 50, 47), 5, 56, 3),
-                                                     ((64, 16, 40, 33), 4, 40, 2)])
+                                                     ((64, 16, 40, 33), 4, 40, 2),
+                                                     ((16, 384, 14, 14), 3, 16, 2),
+                                                     ((32, 200, 15, 13), 3, 16, 2)])
 def test_inner_levels_are_the_default_where_one_tile_covers_the_plane(shape, levels, tile,
                                                                       inner, storage):
-    """Planes of 33 to 64 pixels (the 56 x 56 ConvNeXt-T stage): one tile per plane runs
-    the levels above 2 in its block (forward and the backward's dx); against the oracle,
+    """Planes of 33 to 64 pixels (the 56 x 56 ConvNeXt-T stage), and of 9 to 16 below
+    2^22 pixels (the 14 x 14 stage at small batches): one tile per plane runs the levels
+    above its own in its block (forward and the backward's dx); against the oracle,
     and at 56 x 56 bit for bit the split it replaces (whose coarse problem runs on the
     plane kernel there)."""
     if 5 not in KERNEL_SIZES:
@@ -398,9 +401,9 @@ def test_planner_dx_forward_chunks_at_convnext_stage(storage):
     """The planner's own choice at the 28 x 28 and 14 x 14 stages in 16-bit storage:
     dx from the forward kernels in one batch chunk. At 28 x 28 its split forward pools
     in place (its float32 work buffer stays within the memory budget); at 14 x 14 no
-    split fits, even on half the batch, and the plane kernel's forward takes the whole
-    batch; at 56 x 56 the forward runs the coarse levels in the tiles' blocks (no work
-    buffers)."""
+    split fits, even on half the batch, and the tiles with the coarse levels in their
+    blocks take the whole batch; at 56 x 56 the forward runs the coarse levels in the
+    tiles' blocks anyway (no work buffers)."""
     if 5 not in KERNEL_SIZES:
         pytest.skip("K = 5 runs in another GPU process")
     kernels = backend()
@@ -408,7 +411,7 @@ def test_planner_dx_forward_chunks_at_convnext_stage(storage):
     problem = Problem(64, 96, 56, 56, 5, 5, 1, storage, True)
     assert dx_forward_plan(problem, *limits) == DxForward((64,), Tuning())
     problem = Problem(64, 384, 14, 14, 5, 3, 1, storage, True)
-    assert dx_forward_plan(problem, *limits) == DxForward((64,), DX_NO_SPLIT)
+    assert dx_forward_plan(problem, *limits) == DxForward((64,), DX_INNER)
     run_case((64, 384, 14, 14), 3, 5, 1, storage)
     problem = Problem(64, 192, 28, 28, 5, 4, 1, storage, True)
     assert dx_forward_plan(problem, *limits) == DxForward((64,), Tuning())

@@ -293,7 +293,9 @@ def test_inner_levels_match_oracle_and_the_split(rng, monkeypatch, shape, levels
 @pytest.mark.parametrize("shape,levels,inner", [
     ((64, 96, 56, 56), 5, 3),   # ConvNeXt-T stages: one fitted 56 tile, levels 3..5 inside
     ((64, 192, 28, 28), 4, 0),  # one 32 tile: the split (faster there)
-    ((64, 384, 14, 14), 3, 0),  # split at 1: the coarse problem runs on its own
+    ((64, 384, 14, 14), 3, 0),  # 2^22 pixels or more: split at 1, the coarse problem alone
+    ((32, 384, 14, 14), 3, 2),  # fewer: one 16 tile, levels 2 and 3 inside
+    ((32, 200, 15, 13), 3, 2),  # odd planes in the 16 tile
     ((8, 64, 512, 512), 5, 0),  # many tiles per plane: the split runs
     ((4, 8, 56, 56), 5, 0),     # too small to split: the plane kernel
 ])
@@ -308,15 +310,27 @@ def test_planner_runs_inner_levels_where_one_tile_covers_the_plane(shape, levels
         assert work_buffers(problem, False, LIMIT, 264) == ()
         assert plan.shared_bytes == 4 * tile_geometry(
             5, plan.spec.levels, plan.spec.tile, False, plan.block, inner).floats
-        # off, forced splits and the backward keep the split
-        for tuning, backward in ((Tuning(inner=False), False),
-                                 (Tuning(split=2), False), (Tuning(), True)):
-            if backward:
-                assert plan_tiles(problem, LIMIT, tuning, True) is None
-            else:
-                assert plan_split(problem, LIMIT, tuning) is not None
+        # off: the split where its own size rule takes the problem (at 14 x 14 from 2^22
+        # pixels; the plane kernel below), else; forced splits and the backward split
+        assert plan_tiles(problem, LIMIT, Tuning(inner=False)) is None
+        off = plan_split(problem, LIMIT, Tuning(inner=False))
+        assert (off is not None) == (shape[2] > 16)
+        assert plan_split(problem, LIMIT, Tuning(split=2)) is not None
+        assert plan_tiles(problem, LIMIT, Tuning(), True) is None
     else:
         assert plan is None or plan.spec.inner_levels == 0
+
+
+def test_inner_max_pixels_bounds_the_default_only():
+    """The 14 x 14 rule: from 2^22 pixels the forward splits, but Tuning(inner=True) (the
+    backward's dx forward where the split's buffers do not fit) still runs the inner
+    levels; below SPLIT_MIN_PIXELS the plane kernel runs."""
+    stage = Problem(64, 384, 14, 14, 5, 3, 1, "float32", True)
+    assert plan_tiles(stage, LIMIT) is None and plan_split(stage, LIMIT) is not None
+    forced = plan_tiles(stage, LIMIT, Tuning(inner=True))
+    assert (forced.spec.levels, forced.spec.inner_levels, forced.ntiles) == (1, 2, 1)
+    small = stage._replace(batch=8)
+    assert plan_tiles(small, LIMIT) is None and plan_split(small, LIMIT) is None
 
 
 def test_inner_geometry_reuses_the_dead_grid():

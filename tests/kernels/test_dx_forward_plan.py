@@ -8,7 +8,8 @@ import pytest
 
 from wtconv_cuda.kernels import launch
 from wtconv_cuda.kernels.launch import (
-    DX_FORWARD_BUFFER_FRACTION, DX_FORWARD_MAX_CHUNKS, DX_NO_SPLIT, ITEMSIZE, DxForward, Problem,
+    DX_FORWARD_BUFFER_FRACTION, DX_FORWARD_MAX_CHUNKS, DX_INNER, DX_NO_SPLIT, ITEMSIZE, DxForward,
+    Problem,
     Tuning, dx_forward_batches, dx_forward_plan, dx_from_forward, plan_split, planned_specs,
     work_buffers,
 )
@@ -48,8 +49,9 @@ def test_chunks_follow_the_forward_work_buffers():
     """One chunk where the forward needs no work buffers (56 x 56 in both dtypes: its
     coarse levels run in the tiles' blocks) or few (bfloat16 at 28 x 28: its split pools
     in place, 0.14 x the bytes of x). At 14 x 14 the whole batch's split forward holds
-    too much (0.29 x in float32) and half a batch is too small to split: the forward
-    without a split runs the whole batch in one chunk, not two plane-kernel chunks."""
+    too much (0.29 x in float32) and half a batch does not split (it runs the coarse
+    levels in its tiles' blocks): those tiles run the whole batch in one chunk, with
+    no work buffers, not two plane-kernel chunks."""
     fp32 = Problem(64, 96, 56, 56, 5, 5, 1, "float32", True)
     assert dx_forward_plan(fp32, LIMIT, SLOTS) == DxForward((64,), Tuning())
     assert dx_forward_batches(fp32._replace(storage="bfloat16"), LIMIT, SLOTS) == (64,)
@@ -59,21 +61,25 @@ def test_chunks_follow_the_forward_work_buffers():
     assert _held_fraction(bf16, (64,)) < 0.15  # the band (0.13) and the flipped filters
     for storage in ("float32", "bfloat16"):
         stage = Problem(64, 384, 14, 14, 5, 3, 1, storage, True)
-        assert dx_forward_plan(stage, LIMIT, SLOTS) == DxForward((64,), DX_NO_SPLIT)
+        assert dx_forward_plan(stage, LIMIT, SLOTS) == DxForward((64,), DX_INNER)
         assert _held_fraction(stage, (64,)) > DX_FORWARD_BUFFER_FRACTION
         assert plan_split(launch._dx_problem(stage)._replace(batch=32), LIMIT) is None
         specs = planned_specs(stage, True, LIMIT, SLOTS)
-        assert [type(s).__name__ for s in specs] == ["FlipSpec", "PlaneSpec", "PlaneSpec",
+        assert [type(s).__name__ for s in specs] == ["FlipSpec", "TileSpec", "PlaneSpec",
                                                      "FinalizeSpec"]
+        assert (specs[1].levels, specs[1].inner_levels, specs[1].tile) == (1, 2, 16)
         assert work_buffers(stage, True, LIMIT, SLOTS)[1:] == (launch.plan_plane(
             stage, True, LIMIT, SLOTS).partial_floats,)
+        # the forward itself still splits (faster there, 77 against 100 us on an H200)
+        assert plan_split(stage, LIMIT) is not None
 
 
 def test_chunks_split_where_their_split_fits():
     """A split too large for the budget as a whole runs as smaller splits where those
     fit: twice the 14 x 14 stage's batch in float32 splits in two chunks of 64. In
     bfloat16 (twice the float32 work per byte of x) a split chunk of 64 does not fit
-    and one of 32 does not split: the forward without a split takes the whole batch."""
+    and one of 32 does not split: the tiles with the coarse levels in their blocks
+    take the whole batch."""
     fp32 = Problem(128, 384, 14, 14, 5, 3, 1, "float32", True)
     assert dx_forward_plan(fp32, LIMIT, SLOTS) == DxForward((64, 64), Tuning())
     assert plan_split(launch._dx_problem(fp32)._replace(batch=64), LIMIT) is not None
@@ -82,7 +88,7 @@ def test_chunks_split_where_their_split_fits():
     names = [type(s).__name__ for s in planned_specs(fp32, True, LIMIT, SLOTS)]
     assert names[:4] == ["FlipSpec", "CoarseSpec", "RegisterSpec", "TileSpec"]
     bf16 = fp32._replace(storage="bfloat16")
-    assert dx_forward_plan(bf16, LIMIT, SLOTS) == DxForward((128,), DX_NO_SPLIT)
+    assert dx_forward_plan(bf16, LIMIT, SLOTS) == DxForward((128,), DX_INNER)
     assert _held_fraction(bf16, (64, 64)) > DX_FORWARD_BUFFER_FRACTION
     assert plan_split(launch._dx_problem(bf16)._replace(batch=32), LIMIT) is None
 
@@ -99,3 +105,14 @@ def test_forced_chunks_and_the_paths_without_them():
     large = Problem(64, 96, 56, 56, 5, 5, 1, "bfloat16", True)
     assert dx_forward_batches(large, LIMIT, SLOTS, Tuning(dx_forward=False)) == ()
     assert dx_forward_batches(large._replace(stride=2), LIMIT, SLOTS) == ()
+
+
+def test_the_plane_kernel_takes_dx_where_no_tiles_do(monkeypatch, request):
+    """A plane whose rule has no inner levels (28 x 28) and of whose split no chunk fits
+    the budget (here made tiny) runs dx on the plane kernel."""
+    problem = Problem(64, 192, 28, 28, 5, 4, 1, "bfloat16", True)
+    assert launch.inner_tiles(launch._dx_problem(problem), LIMIT, DX_INNER) is None
+    request.addfinalizer(launch.dx_forward_plan.cache_clear)
+    monkeypatch.setattr(launch, "DX_FORWARD_BUFFER_FRACTION", 0.02)  # flipped filters: 0.008
+    launch.dx_forward_plan.cache_clear()
+    assert dx_forward_plan(problem, LIMIT, SLOTS) == DxForward((64,), DX_NO_SPLIT)

@@ -162,12 +162,14 @@ class Tuning(NamedTuple):
         With ``dx`` from the forward kernels: batch entries per chunk of the
         forward (clipped to ``B``). None lets :func:`dx_forward_plan` choose.
     inner : bool or None
-        A forward that would split with one tile per plane at level 2 or
-        deeper runs the levels above the split inside the tile's block
-        instead (``TileSpec.inner_levels``: one launch, no coarse pre-pass,
-        no work buffers; see :func:`inner_tiles`). None does so where the
-        small-plane rule says (``SmallTileSplit.inner``: planes of 33 to 64
-        pixels) and the block's buffer fits; False never.
+        A forward that would split with one tile per plane runs the levels
+        above the split inside the tile's block instead
+        (``TileSpec.inner_levels``: one launch, no coarse pre-pass, no work
+        buffers; see :func:`inner_tiles`). None does so where the
+        small-plane rule says (``SmallTileSplit.inner``: planes of 9 to 16
+        pixels below ``inner_max_pixels``, and of 33 to 64) and the block's
+        buffer fits; True also above the rule's ``inner_max_pixels``; False
+        never.
     """
 
     threads: int | None = None
@@ -549,7 +551,8 @@ class SmallTileSplit(NamedTuple):
     strip : int
         The tile's output-phase strip (0: the tile kernel's default).
     min_pixels : int
-        Least problem size, in pixels (0: `SPLIT_MIN_PIXELS`).
+        Least problem size of the split, in pixels (0: `SPLIT_MIN_PIXELS`;
+        the inner levels run from `SPLIT_MIN_PIXELS`).
     fit : int
         Fit the tile to the plane: its edge is the plane's longer side rounded
         up to a multiple of ``fit`` (itself a multiple of ``2**level``) rather
@@ -558,6 +561,9 @@ class SmallTileSplit(NamedTuple):
     inner : bool
         Run the levels above ``level`` in the tile's block instead of a coarse
         pre-pass (:func:`inner_tiles`).
+    inner_max_pixels : int
+        With ``inner``: problems of at least this many pixels split instead
+        (0: none do).
     """
 
     level: int
@@ -567,6 +573,7 @@ class SmallTileSplit(NamedTuple):
     min_pixels: int = 0
     fit: int = 0
     inner: bool = False
+    inner_max_pixels: int = 0
 
 
 #: Planes no larger than a tile split their forward by default, with one tile
@@ -585,9 +592,9 @@ class SmallTileSplit(NamedTuple):
 #:   fill 48 register-kernel blocks on 132 multiprocessors. Hence its
 #:   ``min_pixels``. Between 2^21 and 2^22 pixels the split won at 32 x 384
 #:   (58.7 against 73.7 us) and lost at 28 x 384 (77.7 / 72.4) and 64 x 192
-#:   (82.5 / 73.4): there a split forward is bound by its host time (three
+#:   (82.5 / 73.4): there a split forward was bound by its host time (three
 #:   launches, a work buffer and views: 76 us per call back to back on that
-#:   host), so the threshold stays.
+#:   host).
 #:
 #: Planes of 33 to 64 pixels get a tile fitted to a multiple of 8 (``fit``; its
 #: item rows padded to whole warps by :func:`~wtconv_cuda.kernels.tiles.item_row`),
@@ -606,8 +613,18 @@ class SmallTileSplit(NamedTuple):
 #: split forward -> one launch with the coarse levels in the tile's block
 #: (``benchmarks/split_stages.py``): 64 x 96 x 56 x 56, L 5: 246.3 -> 227.5 us;
 #: 64 x 192 x 28 x 28, L 4: 172.1 -> 181.1 us (its coarse problem is cheap on the
-#: register kernel, 17.6 us, and the serial coarse levels idle its 64-thread blocks).
-SPLIT_SMALL_TILES = {16: SmallTileSplit(1, 3, 32, 2, min_pixels=1 << 22),
+#: register kernel, 17.6 us, and the serial coarse levels idle its 64-thread blocks);
+#: with 32-thread tiles, back to back (``benchmarks/split_threshold.py``), 131.2 ->
+#: 143.8 us, and at 32 x 192 76.0 -> 75.7 us.
+#:
+#: At 14 x 14 (split level 1, two inner levels) the inner levels replace the plane
+#: kernel below 2^22 pixels and the split stays above (``inner_max_pixels``); fp32,
+#: back to back, plane kernel or split -> inner levels (``split_threshold.py``):
+#: 16 x 384 42.3 -> 29.6 us, 32 x 384 74.5 -> 53.3, 64 x 192 74.8 -> 53.3, 40 x 384
+#: 99.5 -> 65.2, 48 x 384 115.4 -> 77.9; above, split -> inner: 56 x 384 73.5 / 88.1
+#: -> 89.3, 64 x 384 77.3 -> 100.7. fp16 alike.
+SPLIT_SMALL_TILES = {16: SmallTileSplit(1, 3, 32, 2, min_pixels=1 << 22, inner=True,
+                                        inner_max_pixels=1 << 22),
                      32: SmallTileSplit(2, 4, 32),
                      64: SmallTileSplit(2, 4, fit=8, inner=True)}
 #: ... where the tile wastes at most this fraction of its pixels ...
@@ -1056,7 +1073,10 @@ def _small_plane_tiles(p: Problem, shared_limit: int, tuning: Tuning, backward: 
     rule = SPLIT_SMALL_TILES.get(edge)
     if rule is None or p.levels < rule.min_levels or (inner and not rule.inner):
         return None
-    if p.batch * p.channels * p.height * p.width < (rule.min_pixels or SPLIT_MIN_PIXELS):
+    pixels = p.batch * p.channels * p.height * p.width
+    if pixels < (SPLIT_MIN_PIXELS if inner else rule.min_pixels or SPLIT_MIN_PIXELS):
+        return None
+    if inner and tuning.inner is not True and 0 < rule.inner_max_pixels <= pixels:
         return None
     c = min(p.levels - 1, rule.level)
     threads = tuning.threads or rule.threads or None
@@ -1707,6 +1727,9 @@ def dx_from_forward(problem: Problem, shared_limit: int, max_slots: int,
 #: The forward of a ``dx`` chunk without a split: no work buffers (the plane
 #: kernel, or whole tiles where their rule takes the chunk).
 DX_NO_SPLIT = Tuning(split=0)
+#: The forward of ``dx`` with the coarse levels in the tile's block wherever the
+#: small-plane rule has them, however large the problem: no work buffers.
+DX_INNER = Tuning(inner=True)
 
 
 class DxForward(NamedTuple):
@@ -1718,7 +1741,7 @@ class DxForward(NamedTuple):
         Batch entries of each forward run, in order, summing to ``B``.
     tuning : Tuning
         The runs' launch-shape overrides: ``Tuning()`` (the planner's forward
-        for the run's batch size) or `DX_NO_SPLIT`.
+        for the run's batch size), `DX_INNER` or `DX_NO_SPLIT`.
     """
 
     batches: tuple[int, ...]
@@ -1741,11 +1764,15 @@ def dx_forward_plan(problem: Problem, shared_limit: int, max_slots: int,
     2. the fewest chunks on the planner's forward for their batch size, where
        that forward splits (:func:`plan_split`: faster than the plane kernel
        wherever the planner takes it, but it holds float32 work buffers);
-    3. the fewest chunks on the forward without a split (`DX_NO_SPLIT`).
+    3. the whole batch with the coarse levels in the tiles' blocks (`DX_INNER`),
+       where the small-plane rule has them;
+    4. the fewest chunks on the forward without a split (`DX_NO_SPLIT`).
 
-    So a split too large for the budget as a whole runs as smaller splits,
-    and where no chunk large enough to split fits, the plane kernel runs on
-    as few chunks as fit (a small chunk costs it more per pixel).
+    So a split too large for the budget as a whole runs as smaller splits;
+    where no chunk large enough to split fits, the inner levels run the whole
+    batch (64 x 384 x 14 x 14, fp32 on an H200: 100 us, against about 145 for
+    the plane kernel), else the plane kernel runs on as few chunks as fit (a
+    small chunk costs it more per pixel).
 
     Parameters
     ----------
@@ -1793,6 +1820,9 @@ def dx_forward_plan(problem: Problem, shared_limit: int, max_slots: int,
 
     plans = [(candidates[0], Tuning())]
     plans += [(batches, Tuning()) for batches in candidates[1:] if splits(batches)]
+    if inner_tiles(_dx_problem(problem)._replace(batch=candidates[0][0]), shared_limit,
+                   DX_INNER) is not None:
+        plans.append((candidates[0], DX_INNER))
     plans += [(batches, DX_NO_SPLIT) for batches in candidates]
     for batches, forward in plans:
         if fits(batches, forward):

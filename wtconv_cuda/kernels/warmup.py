@@ -30,8 +30,11 @@ from .registers import RegisterSpec
 
 DEFAULT_SHARED_LIMIT = 227 * 1024 - 1024  # H100/H200 opt-in limit, less a margin
 DEFAULT_SLOTS = 264
-#: Pixels of a problem large enough for every size rule of the planner's splits.
-LARGE_PIXELS = max(SPLIT_MIN_PIXELS, *(rule.min_pixels for rule in SPLIT_SMALL_TILES.values()))
+#: Problem sizes, in pixels, from which the planner's size rules change their choice
+#: (one problem of each size covers them all).
+LARGE_PIXELS = tuple(sorted({SPLIT_MIN_PIXELS}
+                            | {n for rule in SPLIT_SMALL_TILES.values()
+                               for n in (rule.min_pixels, rule.inner_max_pixels) if n}))
 
 
 def variants(kernel_sizes, storages, strides, plane_sizes, levels=range(7),
@@ -40,10 +43,11 @@ def variants(kernel_sizes, storages, strides, plane_sizes, levels=range(7),
 
     The planner's choice depends on the batch size and channel count only
     through whether a backward block writes the gradients itself
-    (``PlaneSpec.fused_finalize``) and whether a problem is large enough to
-    split (:data:`~wtconv_cuda.kernels.launch.SPLIT_MIN_PIXELS`, or more for
-    some tile sizes: :data:`LARGE_PIXELS` covers them all), so a
-    single-plane problem and a large one per combination of the options, plus
+    (``PlaneSpec.fused_finalize``) and how large a problem is
+    (:data:`~wtconv_cuda.kernels.launch.SPLIT_MIN_PIXELS`, and the size rules
+    of some tile sizes: :data:`LARGE_PIXELS` lists them), so a single-plane
+    problem and one of each size in :data:`LARGE_PIXELS` per combination of
+    the options, plus
     the other finalize choice of each backward spec, cover them all. Where the planner runs a pass on tiles
     (:func:`~wtconv_cuda.kernels.launch.plan_tiles`), the tile spec is listed
     before the plane specs, which stay in the list (``Tuning(tiles=False)``
@@ -78,8 +82,8 @@ def variants(kernel_sizes, storages, strides, plane_sizes, levels=range(7),
     for k, storage, stride, (h, w), lv, tuning in itertools.product(
             kernel_sizes, storages, strides, plane_sizes, levels, tunings):
         problem = Problem(1, 1, h, w, k, lv, stride, storage, True)
-        # a problem large enough for the planner's size rules
-        large = problem._replace(batch=-(-LARGE_PIXELS // (h * w)))
+        # problems as large as each of the planner's size rules asks
+        larges = [problem._replace(batch=-(-n // (h * w))) for n in LARGE_PIXELS]
         # tiny planes: the register kernel (its backward needs B a multiple of 32; B is
         # a run-time value, and B up to 128 shares one variant)
         for registers in (plan_registers(problem, shared_limit, tuning),
@@ -87,11 +91,11 @@ def variants(kernel_sizes, storages, strides, plane_sizes, levels=range(7),
             if registers is not None:
                 specs.append(registers.spec)
         for backward in (False, True):
-            for p in (problem, large):  # (one tile per plane with inner levels: large only)
+            for p in (problem, *larges):  # (one tile per plane with inner levels: large only)
                 tiled = plan_tiles(p, shared_limit, tuning, backward)
                 if tiled is not None:  # large planes: the tiles (the plane kernel stays warm)
                     specs.append(tiled.spec)
-            for p in (problem, large):
+            for p in (problem, *larges):
                 if plan_split(p, shared_limit, tuning, backward) is None:
                     continue
                 # deep levels: coarse pre-pass, the coarse problem, tiles, coarse_out
@@ -104,7 +108,9 @@ def variants(kernel_sizes, storages, strides, plane_sizes, levels=range(7),
             specs.append(spec)
             if backward:  # whether the finalize fuses depends on B: warm both variants
                 specs.append(spec._replace(fused_finalize=not spec.fused_finalize))
-        if plan_plane(large, True, shared_limit, DEFAULT_SLOTS, tuning).spec.weights_only:
+        for large in larges:
+            if not plan_plane(large, True, shared_limit, DEFAULT_SLOTS, tuning).spec.weights_only:
+                continue
             # large problems' dx from the forward kernels: wtconv_flip, the forward's
             # specs, the weights-only plane kernel (both finalize choices)
             for spec in planned_specs(large, True, shared_limit, DEFAULT_SLOTS, tuning):
