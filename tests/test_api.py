@@ -49,6 +49,26 @@ def test_forward_rounds_the_float64_result_once_to_x_dtype(rng, x, w, dtype):
     np.testing.assert_array_equal(y, reference.forward(xd, w, stride=2).astype(dtype))
 
 
+def test_bfloat16_arrays_round_the_float64_results_once(rng, x):
+    """ml_dtypes.bfloat16 arrays (the dtype cupy.from_dlpack gives a bfloat16 tensor)
+    are accepted; the CPU path rounds the oracle's results once to bfloat16."""
+    bf16 = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    w = WTConvWeights(*(a.astype(bf16) for a in random_weights(rng, C, K, L)))
+    xb = x.astype(bf16)
+    tape = Tape()
+    y = wt.forward(xb, w, stride=2, tape=tape)
+    assert y.dtype == bf16
+    np.testing.assert_array_equal(y, reference.forward(xb, w, stride=2).astype(bf16))
+    dy = dy_for(rng, x, 2).astype(bf16)
+    dx, dw = tape.backward(dy)
+    ref_dx, ref_dw = reference.backward(xb, w, dy, stride=2)
+    assert dx.dtype == bf16
+    np.testing.assert_array_equal(dx, ref_dx.astype(bf16))
+    for got, ref in zip(dw, ref_dw):
+        assert got.dtype == bf16
+        np.testing.assert_array_equal(got, ref.astype(bf16))
+
+
 def test_backward_matches_reference_with_mixed_dtypes(rng, x):
     w = random_weights(rng, C, K, L)
     w = w._replace(
@@ -252,7 +272,7 @@ BAD_FORWARD = [
         "x-int",
         lambda x, w: (x.astype(np.int64), w, {}),
         TypeError,
-        "x must have dtype float16, float32 or float64, got int64",
+        "x must have dtype float16, bfloat16, float32 or float64, got int64",
     ),
     (
         "x-complex",
@@ -294,7 +314,7 @@ BAD_FORWARD = [
         "weights-int",
         lambda x, w: (x, w._replace(base_weight=w.base_weight.astype(np.int32)), {}),
         TypeError,
-        "weights.base_weight must have dtype float16, float32 or float64, got int32",
+        "weights.base_weight must have dtype float16, bfloat16, float32 or float64, got int32",
     ),
     (
         "K-even",
@@ -411,7 +431,7 @@ def test_backward_rejects_bad_saved_fields(rng, x, w, make, error, match):
         (
             lambda dy: dy.astype(np.int16),
             TypeError,
-            "dy must have dtype float16, float32 or float64, got int16",
+            "dy must have dtype float16, bfloat16, float32 or float64, got int16",
         ),
         (lambda dy: dy.tolist(), TypeError, "dy must be a numpy array like x, got list"),
     ],

@@ -67,8 +67,9 @@ def _check_same_device(name: str, arr, want) -> None:
 
 def _check_dtype(name: str, arr) -> None:
     dtype = np.dtype(arr.dtype)
-    if dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{name} must have dtype float16, float32 or float64, got {dtype}")
+    if dtype not in SUPPORTED_DTYPES and dtype.name != "bfloat16":
+        raise TypeError(f"{name} must have dtype float16, bfloat16, float32 or float64, "
+                        f"got {dtype}")
 
 
 def _check_same_dtype(name: str, arr, x) -> None:

@@ -139,12 +139,14 @@ def forward(x, w, levels=None, stride=1, tape=None):
     Parameters
     ----------
     x : numpy.ndarray or cupy.ndarray, shape (B, C, H, W)
-        ``H, W >= 1``; ``B`` may be 0. NumPy (CPU): float16, float32 or
-        float64. CuPy (GPU): float32 or float16.
+        ``H, W >= 1``; ``B`` may be 0. NumPy (CPU): float16, bfloat16,
+        float32 or float64. CuPy (GPU): float32, float16 or bfloat16
+        (``ml_dtypes.bfloat16``, the dtype ``cupy.from_dlpack`` gives a
+        bfloat16 tensor).
     w : WTConvWeights
         Arrays of ``x``'s library with ``C`` channels and an odd kernel size
-        ``K``. On the CPU any of float16, float32 and float64; on the GPU
-        ``x``'s dtype.
+        ``K``. On the CPU any of float16, bfloat16, float32 and float64; on
+        the GPU ``x``'s dtype.
     levels : int or None, default None
         Number of wavelet levels. ``None`` means ``w.levels``; any other
         value must equal it.
@@ -216,7 +218,7 @@ def backward(saved, dy):
         The forward call (``Tape.saved``, or built by hand).
     dy : numpy.ndarray or cupy.ndarray, shape (B, C, ceil(H/s), ceil(W/s))
         Gradient of the output, of ``x``'s library. On the CPU any of
-        float16, float32 and float64; on the GPU ``x``'s dtype.
+        float16, bfloat16, float32 and float64; on the GPU ``x``'s dtype.
 
     Returns
     -------

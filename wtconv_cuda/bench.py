@@ -4,8 +4,8 @@ Times, side by side in one process and on the same random inputs and
 parameters:
 
 - ours: :class:`wtconv_cuda.bindings.torch.WTConv2d` (the fused kernels
-  through the PyTorch custom ops), and for inference also the CuPy path
-  :func:`wtconv_cuda.forward` (float32 and float16);
+  through the PyTorch custom ops), and also the CuPy path
+  :func:`wtconv_cuda.forward` (with a :class:`wtconv_cuda.Tape` for training);
 - a materialising PyTorch implementation of SPEC.md that mirrors the
   published layer op for op (``benchmarks/materialising.py``, imported from
   the repository checkout; the run says so when it is absent);

@@ -388,7 +388,7 @@ def forward(x, weights, levels=None, stride=1):
     Parameters
     ----------
     x : numpy.ndarray, shape (B, C, H, W)
-        float16, float32 or float64; ``B`` may be 0.
+        float16, bfloat16 (``ml_dtypes``), float32 or float64; ``B`` may be 0.
     weights : WTConvWeights
         NumPy arrays of any supported float dtype, ``C`` channels, odd ``K``.
     levels : int or None, default None
@@ -427,7 +427,7 @@ def backward(x, weights, dy, levels=None, stride=1):
     Parameters
     ----------
     x : numpy.ndarray, shape (B, C, H, W)
-        The forward input (float16, float32 or float64).
+        The forward input (float16, bfloat16, float32 or float64).
     weights : WTConvWeights
         The forward weights (NumPy arrays of any supported float dtype).
     dy : numpy.ndarray, shape (B, C, ceil(H/s), ceil(W/s))

@@ -530,6 +530,39 @@ def test_public_api_on_cupy():
     assert bool(cupy.allclose(wt.forward(xt, w), y, rtol=0, atol=0))
 
 
+def test_public_api_on_cupy_bfloat16():
+    """bfloat16 CuPy arrays (ml_dtypes.bfloat16, as cupy.from_dlpack gives a bfloat16
+    tensor) through wtconv_cuda.forward and a Tape: results in bfloat16, against the
+    oracle on the rounded inputs; every output written (poisoned pool memory)."""
+    import wtconv_cuda as wt
+    rng = np.random.default_rng(11)
+    bf16 = ml_dtypes.bfloat16
+
+    def device(a):
+        host, rounded = to_device(a, "bfloat16")
+        return host.view(bf16), rounded
+
+    w64 = wt.init_weights(6, 5, 3, dtype=np.float64, seed=5)
+    pairs = [None if a is None else device(a) for a in w64]
+    w = WTConvWeights(*(None if p is None else p[0] for p in pairs))
+    wr = WTConvWeights(*(None if p is None else p[1] for p in pairs))
+    x, xr = device(rng.standard_normal((2, 6, 29, 30)))
+    dy, dyr = device(rng.standard_normal((2, 6, 29, 30)))
+    cupy.get_default_memory_pool().free_all_blocks()
+    cupy.full(1 << 20, 0x7FC1, dtype=cupy.uint16)  # NaN words in the pool's next blocks
+    tape = wt.Tape()
+    y = wt.forward(x, w, levels=3, tape=tape)
+    dx, dw = tape.backward(dy)
+    assert y.dtype == bf16 and dx.dtype == bf16 and all(g.dtype == bf16 for g in dw)
+    y_ref = reference.forward(xr, wr, 3, 1)
+    dx_ref, dw_ref = reference.backward(xr, wr, dyr, 3, 1)
+    tol = DTYPES["bfloat16"][1]
+    assert rel_err(to_host(y.view(cupy.uint16), "bfloat16"), y_ref) < tol
+    assert rel_err(to_host(dx.view(cupy.uint16), "bfloat16"), dx_ref) < tol
+    for got, want in zip(dw, dw_ref):
+        assert rel_err(to_host(got.view(cupy.uint16), "bfloat16"), want) < tol
+
+
 def test_float64_rejected_on_gpu():
     import wtconv_cuda as wt
     w = wt.init_weights(2, 3, 1, dtype=np.float64)

@@ -140,8 +140,8 @@ def test_unsupported_dtypes_on_the_gpu():
     with pytest.raises(TypeError, match="weights.base_weight has dtype float64 but x has dtype "
                                         "float32"):
         wt.forward(x, w64)
-    with pytest.raises(TypeError, match="x must have dtype float16, float32 or float64, got "
-                                        "int32"):
+    with pytest.raises(TypeError, match="x must have dtype float16, bfloat16, float32 or "
+                                        "float64, got int32"):
         wt.forward(x.astype(cupy.int32), WTConvWeights(*(None if a is None else
                                                          a.astype(cupy.int32) for a in w)))
     with pytest.raises(TypeError, match="dy has dtype float16 but x has dtype float32"):

@@ -56,15 +56,15 @@ BAD_FORWARD = [
     ("x-tuple", lambda x, w: (tuple(x), w, {}), TypeError,
      r"x must be a numpy.ndarray \(CPU\) or a cupy.ndarray \(GPU\), got builtins.tuple"),
     ("x-int32", lambda x, w: (x.astype(np.int32), w, {}), TypeError,
-     "x must have dtype float16, float32 or float64, got int32"),
+     "x must have dtype float16, bfloat16, float32 or float64, got int32"),
     ("x-uint8", lambda x, w: (x.astype(np.uint8), w, {}), TypeError,
-     "x must have dtype float16, float32 or float64, got uint8"),
+     "x must have dtype float16, bfloat16, float32 or float64, got uint8"),
     ("x-bool", lambda x, w: (x > 0, w, {}), TypeError,
-     "x must have dtype float16, float32 or float64, got bool"),
+     "x must have dtype float16, bfloat16, float32 or float64, got bool"),
     ("x-complex64", lambda x, w: (x.astype(np.complex64), w, {}), TypeError,
-     "x must have dtype float16, float32 or float64, got complex64"),
+     "x must have dtype float16, bfloat16, float32 or float64, got complex64"),
     ("x-object", lambda x, w: (x.astype(object), w, {}), TypeError,
-     "x must have dtype float16, float32 or float64, got object"),
+     "x must have dtype float16, bfloat16, float32 or float64, got object"),
     ("H-zero", lambda x, w: (x[:, :, :0], w, {}), ValueError,
      r"x must have non-zero height and width, got shape \(2, 3, 0, 7\)"),
     ("W-zero", lambda x, w: (x[..., :0], w, {}), ValueError,
@@ -84,9 +84,9 @@ BAD_FORWARD = [
                                          {}), TypeError,
      "weights.wavelet_scale must be a numpy array like x, got list"),
     ("weights-int", lambda x, w: (x, w._replace(base_scale=np.ones(C, np.int64)), {}), TypeError,
-     "weights.base_scale must have dtype float16, float32 or float64, got int64"),
+     "weights.base_scale must have dtype float16, bfloat16, float32 or float64, got int64"),
     ("weights-complex", lambda x, w: (x, w._replace(wavelet_weight=w.wavelet_weight + 0j), {}),
-     TypeError, "weights.wavelet_weight must have dtype float16, float32 or float64, got "
+     TypeError, "weights.wavelet_weight must have dtype float16, bfloat16, float32 or float64, got "
                 "complex128"),
     ("K-even", lambda x, w: (x, w._replace(base_weight=np.ones((C, 4, 4)),
                                            wavelet_weight=np.ones((L, C, 4, 4, 4))), {}),
@@ -137,7 +137,7 @@ BAD_FORWARD = [
 ]
 if np.dtype(np.longdouble) != np.dtype(np.float64):  # extended precision is not float64
     BAD_FORWARD.append(("x-longdouble", lambda x, w: (x.astype(np.longdouble), w, {}), TypeError,
-                        f"x must have dtype float16, float32 or float64, got "
+                        f"x must have dtype float16, bfloat16, float32 or float64, got "
                         f"{np.dtype(np.longdouble)}"))
 
 
@@ -171,9 +171,9 @@ BAD_DY = [  # (id, make(dy), error, message), forward at stride 2
     ("rank", lambda dy: dy[None], ValueError,
      r"dy must have shape .* = \(2, 3, 5, 4\), got \(1, 2, 3, 5, 4\)"),
     ("int", lambda dy: dy.astype(np.int8), TypeError,
-     "dy must have dtype float16, float32 or float64, got int8"),
+     "dy must have dtype float16, bfloat16, float32 or float64, got int8"),
     ("complex", lambda dy: dy.astype(np.complex128), TypeError,
-     "dy must have dtype float16, float32 or float64, got complex128"),
+     "dy must have dtype float16, bfloat16, float32 or float64, got complex128"),
     ("list", lambda dy: dy.tolist(), TypeError, "dy must be a numpy array like x, got list"),
     ("none", lambda dy: None, TypeError, "dy must be a numpy array like x, got NoneType"),
 ]
@@ -371,7 +371,7 @@ GPU_BAD = [  # (id, make(x, w, dy) -> (x, w, dy), error, message)
         fake(w, device=1, wavelet_weight=FakeCupyArray(w.wavelet_weight.astype(np.float32), 0)),
         None), ValueError, "weights.wavelet_weight is on CUDA device 0 but x is on CUDA device 1"),
     ("int", lambda x, w, dy: (FakeCupyArray(x.astype(np.int32)), fake(w, np.int32), None),
-     TypeError, "x must have dtype float16, float32 or float64, got int32"),
+     TypeError, "x must have dtype float16, bfloat16, float32 or float64, got int32"),
 ]
 
 
@@ -507,7 +507,7 @@ def test_torch_bad_dy(rng):
         wtconv2d_bwd(torch.zeros(B, C, H, W, dtype=x.dtype), x, *w, 2)
     with pytest.raises(ValueError, match="dy is on meta but x is on cpu"):
         wtconv2d_bwd(torch.zeros(B, C, H, W, device="meta"), x, *w, 1)
-    with pytest.raises(TypeError, match="dy must have dtype float16, float32 or float64, got "
+    with pytest.raises(TypeError, match="dy must have dtype float16, bfloat16, float32 or float64, got "
                                         "int64"):
         wtconv2d_bwd(torch.zeros(B, C, H, W, dtype=torch.int64), x, *w, 1)
 

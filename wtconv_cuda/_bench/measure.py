@@ -10,7 +10,7 @@ Implementations compared (keys of every result dict):
 - ``ours``: :class:`wtconv_cuda.bindings.torch.WTConv2d` (the fused kernels
   through the PyTorch custom ops);
 - ``cupy``: :func:`wtconv_cuda.forward` on CuPy views of the same tensors
-  (inference only, float32 and float16);
+  (inference and a training step with a :class:`wtconv_cuda.Tape`);
 - ``materialising``: ``benchmarks/materialising.py``, the published layer's
   op sequence in stock PyTorch, with the same parameters;
 - ``dw7``: PyTorch's depthwise ``nn.Conv2d(C, C, 7, padding=3, groups=C)``.
@@ -291,7 +291,7 @@ def build_implementations(cfg: Config, dtype: str, runtime: Runtime, materialisi
         ``MaterialisingWTConv2d`` from ``benchmarks/materialising.py``; left
         out when ``None``.
     cupy : module, optional
-        Adds the CuPy row (CUDA, float32 and float16 only).
+        Adds the CuPy row (CUDA).
     seed : int, default 0
 
     Returns
@@ -311,7 +311,7 @@ def build_implementations(cfg: Config, dtype: str, runtime: Runtime, materialisi
         for scale in layer.wavelet_scale:
             scale.weight.uniform_(0.05, 0.15)
     impls = {"ours": module_impl("ours", layer, torch)}
-    if cupy is not None and runtime.is_cuda and dtype in ("float32", "float16"):
+    if cupy is not None and runtime.is_cuda:
         impls["cupy"] = cupy_impl(layer, runtime, cupy)
     if materialising is not None:
         impls["materialising"] = module_impl("materialising", materialising.from_layer(layer),

@@ -47,7 +47,8 @@ def forward(x, w, levels=None, stride=1, tape=None):
     Parameters
     ----------
     x : cupy.ndarray, shape (B, C, H, W)
-        Input: float32 or float16 (the dtypes of :func:`wtconv_cuda.forward`).
+        Input: float32, float16 or bfloat16 (the GPU dtypes of
+        :func:`wtconv_cuda.forward`).
     w : WTConvWeights
         CuPy arrays of ``x``'s dtype on ``x``'s device.
     levels : int or None, default None
@@ -126,7 +127,7 @@ def forward_dlpack(x, w, levels=None, stride=1):
     Parameters
     ----------
     x : object with ``__dlpack__``, shape (B, C, H, W)
-        A GPU array (PyTorch, JAX, CuPy, ...) of float32 or float16.
+        A GPU array (PyTorch, JAX, CuPy, ...) of float32, float16 or bfloat16.
     w : WTConvWeights
         DLPack producers (may differ from ``x``'s library) of ``x``'s dtype,
         on ``x``'s device.
