@@ -706,7 +706,8 @@ def inner_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning()):
 
     Where the default split (:func:`plan_split`) would take one tile per plane
     and its rule says so (`SPLIT_SMALL_TILES`: planes of 33 to 64 pixels, such
-    as the 56 x 56 ConvNeXt-T stage), that tile covers the
+    as the 56 x 56 ConvNeXt-T stage, and of 9 to 16 pixels below 2^22 pixels in
+    all, such as the 14 x 14 stage at half its batch), that tile covers the
     whole plane, so its LL band of level ``c``
     is the coarse problem's input: the block runs the levels above ``c`` on
     it after its own (``TileSpec.inner_levels``) instead of a coarse
