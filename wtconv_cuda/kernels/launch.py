@@ -1075,7 +1075,7 @@ def _small_plane_tiles(p: Problem, shared_limit: int, tuning: Tuning, backward: 
     if rule is None or p.levels < rule.min_levels or (inner and not rule.inner):
         return None
     pixels = p.batch * p.channels * p.height * p.width
-    if pixels < (SPLIT_MIN_PIXELS if inner else rule.min_pixels or SPLIT_MIN_PIXELS):
+    if pixels < (SPLIT_MIN_PIXELS if inner else (rule.min_pixels or SPLIT_MIN_PIXELS)):
         return None
     if inner and tuning.inner is not True and 0 < rule.inner_max_pixels <= pixels:
         return None
@@ -1821,9 +1821,8 @@ def dx_forward_plan(problem: Problem, shared_limit: int, max_slots: int,
 
     plans = [(candidates[0], Tuning())]
     plans += [(batches, Tuning()) for batches in candidates[1:] if splits(batches)]
-    if inner_tiles(_dx_problem(problem)._replace(batch=candidates[0][0]), shared_limit,
-                   DX_INNER) is not None:
-        plans.append((candidates[0], DX_INNER))
+    # (without inner levels DX_INNER plans as candidate 1 did, which did not fit)
+    plans.append((candidates[0], DX_INNER))
     plans += [(batches, DX_NO_SPLIT) for batches in candidates]
     for batches, forward in plans:
         if fits(batches, forward):

@@ -47,8 +47,8 @@ def variants(kernel_sizes, storages, strides, plane_sizes, levels=range(7),
     (:data:`~wtconv_cuda.kernels.launch.SPLIT_MIN_PIXELS`, and the size rules
     of some tile sizes: :data:`LARGE_PIXELS` lists them), so a single-plane
     problem and one of each size in :data:`LARGE_PIXELS` per combination of
-    the options, plus
-    the other finalize choice of each backward spec, cover them all. Where the planner runs a pass on tiles
+    the options, plus the other finalize choice of each backward spec, cover
+    them all. Where the planner runs a pass on tiles
     (:func:`~wtconv_cuda.kernels.launch.plan_tiles`), the tile spec is listed
     before the plane specs, which stay in the list (``Tuning(tiles=False)``
     runs them); where it splits a pass
