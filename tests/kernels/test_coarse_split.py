@@ -355,7 +355,7 @@ def test_inner_geometry_of_a_split_at_one_keeps_x():
     inner = geo.inner
     assert inner.sizes == (8, 4, 2) and inner.blocks == (8, 6)
     regions = sorted([(inner.taps, 2 * 4 * 25)]
-                     + [(g, 4 * n * n) for g, n in zip(inner.grids, inner.blocks)]
+                     + [(g, 4 * s) for g, s in zip(inner.grids, inner.strides)]
                      + [(z, 4 * m * m) for z, m in zip(inner.z, inner.sizes[1:])])
     assert regions[0][0] == plain.floats
     for (start, size), (following, _) in zip(regions, regions[1:]):

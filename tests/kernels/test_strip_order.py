@@ -1,5 +1,6 @@
 """Shared bank conflicts of the forward tiles' strip phases: the order of their item rows
-(``tiles.strip_order``).
+(``tiles.strip_order``); and of the inner levels' convolutions: their planes' stride
+(``tiles.inner_plane_stride``).
 
 The bank model and the orders run anywhere; the kernels run in numba's CUDA
 simulator against the float64 oracle and bit for bit against the natural order
@@ -15,7 +16,8 @@ from wtconv_cuda import reference
 from wtconv_cuda.kernels import compiler, tiles
 from wtconv_cuda.kernels.launch import Tuning, plan_tiles, run_forward
 from wtconv_cuda.kernels.tiles import (
-    StripOrder, strip_order, strip_wavefronts, tile_kernel_source,
+    StripOrder, TileSpec, inner_conv_wavefronts, inner_plane_stride, strip_order,
+    strip_wavefronts, tile_geometry, tile_kernel_source,
 )
 
 from ._backends import RecordingBackend
@@ -85,3 +87,41 @@ def test_strip_order_gives_the_same_bits(rng, monkeypatch):
     assert np.isfinite(ordered).all()
     assert np.linalg.norm(ordered - want) / np.linalg.norm(want) < 2e-6
     np.testing.assert_array_equal(ordered, natural)
+
+
+@pytest.mark.parametrize("size,blocks,stride,want", [
+    (4, 8, 64, 2.0),       # 14 x 14 level 2: a warp reads two planes 64 words apart
+    (4, 8, 68, 1.0),       # ... 68 = 4 modulo 32 puts the second on the banks left free
+    (2, 6, 36, 1.0),       # four 2 x 2 subbands in one warp, 36 = 4 modulo 32
+    (7, 11, 121, 13 / 7),  # 56 x 56 level 3: rows of 7 at pitch 11 wrap onto themselves
+    (1, 5, 25, 1.0),       # one coefficient per subband: four words, four banks
+])
+def test_inner_conv_wavefronts(size, blocks, stride, want):
+    assert inner_conv_wavefronts(size, blocks, stride) == pytest.approx(want)
+
+
+def test_inner_plane_stride():
+    """The smallest stride with the fewest conflicts, never more than packed planes."""
+    assert inner_plane_stride(4, 8) == 68
+    assert inner_plane_stride(2, 6) == 36 and inner_plane_stride(7, 11) == 121
+    for size in range(1, 15):
+        for blocks in (size + 2, size + 4, size + 6):
+            stride = inner_plane_stride(size, blocks)
+            assert blocks ** 2 <= stride < blocks ** 2 + 32
+            best = inner_conv_wavefronts(size, blocks, stride)
+            assert best <= inner_conv_wavefronts(size, blocks, blocks ** 2)
+            assert all(inner_conv_wavefronts(size, blocks, s) > best
+                       for s in range(blocks ** 2, stride))
+
+
+def test_inner_levels_read_their_planes_as_modelled():
+    """The 14 x 14 stage's tile (split at level 1, two inner levels): the geometry takes
+    the modelled strides, and the convolution's items take the coefficient fastest."""
+    spec = TileSpec(5, "float32", 1, 16, 32, 2, 128, inner_levels=2, height=14, width=14)
+    inner = tile_geometry(5, 1, 16, False, 32, 2).inner
+    assert inner.strides == (68, 36)
+    source = tile_kernel_source(spec)
+    for m, n, grid, stride in zip(inner.sizes[1:], inner.blocks, inner.grids, inner.strides):
+        assert f"k = it // {m * m}" in source and f"q = it - k * {m * m}" in source
+        assert f"base = {grid} + k * {stride} + qy * {n} + q" in source
+        assert f"S[{grid + 3 * stride} + it] = u3" in source

@@ -147,7 +147,10 @@ class InnerGeometry(NamedTuple):
         ``M_i + 2P`` for ``i = 1..Li`` (entry ``i - 1``).
     grids : tuple of int
         Offset of inner level ``i``'s four block planes (entry ``i - 1``),
-        plane ``k`` at ``+ k * blocks[i - 1]**2``.
+        plane ``k`` at ``+ k * strides[i - 1]``.
+    strides : tuple of int
+        Words between inner level ``i``'s block planes (entry ``i - 1``), at
+        least ``blocks[i - 1]**2``: :func:`inner_plane_stride`.
     z : tuple of int
         Offset of the four ``M_i x M_i`` convolved subbands of inner level ``i``
         (entry ``i - 1``), subband-major.
@@ -158,6 +161,7 @@ class InnerGeometry(NamedTuple):
     sizes: tuple
     blocks: tuple
     grids: tuple
+    strides: tuple
     z: tuple
     taps: int
 
@@ -395,10 +399,11 @@ def inner_geometry(kernel_size: int, levels: int, tile: int, inner_levels: int,
     for _ in range(inner_levels):
         sizes.append(-(-sizes[-1] // 2))
     blocks = tuple(m + 2 * P for m in sizes[1:])
+    strides = tuple(inner_plane_stride(m, n) for m, n in zip(sizes[1:], blocks))
     (dead, dead_size), end = free
     first = end
-    end += 4 * blocks[0] ** 2
-    rest = (4 * kernel_size ** 2 * inner_levels + sum(4 * n * n for n in blocks[1:])
+    end += 4 * strides[0]
+    rest = (4 * kernel_size ** 2 * inner_levels + sum(4 * s for s in strides[1:])
             + sum(4 * m * m for m in sizes[1:]))
     offset = dead if rest <= dead_size else end
     if offset == end:
@@ -406,14 +411,63 @@ def inner_geometry(kernel_size: int, levels: int, tile: int, inner_levels: int,
     taps = offset
     offset += 4 * kernel_size ** 2 * inner_levels
     grids = [first]
-    for n in blocks[1:]:
+    for stride in strides[1:]:
         grids.append(offset)
-        offset += 4 * n * n
+        offset += 4 * stride
     z = []
     for m in sizes[1:]:
         z.append(offset)
         offset += 4 * m * m
-    return InnerGeometry(tuple(sizes), blocks, tuple(grids), tuple(z), taps), end
+    return InnerGeometry(tuple(sizes), blocks, tuple(grids), strides, tuple(z), taps), end
+
+
+def inner_conv_wavefronts(size: int, blocks: int, stride: int) -> float:
+    """Shared-memory wavefronts per warp-wide read of an inner level's convolution.
+
+    The level's ``4 M**2`` items take subband ``k = it // M**2`` and
+    coefficient ``q = it % M**2`` (coefficients fastest), and every tap's
+    read of item ``it`` is at word ``k * stride + (q // M) * blocks + q % M``
+    plus an offset common to the warp. Warps take 32 consecutive items
+    whatever the block's size.
+
+    Parameters
+    ----------
+    size : int
+        Coefficients per side, ``M``.
+    blocks : int
+        Blocks per side of the planes read (``M + 2P``), their row pitch.
+    stride : int
+        Words between the four planes.
+
+    Returns
+    -------
+    float
+        Mean over the level's warps of the most distinct words any one bank
+        is asked for (1: no bank conflict).
+    """
+    mm, counts = size * size, []
+    for first in range(0, 4 * mm, 32):
+        banks: dict = {}
+        for it in range(first, min(first + 32, 4 * mm)):
+            k, q = divmod(it, mm)
+            word = k * stride + (q // size) * blocks + q % size
+            banks.setdefault(word % 32, set()).add(word)
+        counts.append(max(len(words) for words in banks.values()))
+    return sum(counts) / len(counts)
+
+
+def inner_plane_stride(size: int, blocks: int) -> int:
+    """Words between an inner level's four block planes: the fewest bank conflicts.
+
+    With planes packed (``blocks**2`` apart) a warp reading two or more of
+    them may hit one bank once per plane: at 14 x 14 (``M = 4``, 8 x 8
+    blocks) the planes lie 64 words apart, a multiple of the 32 banks. The
+    stride is the smallest of ``blocks**2 .. blocks**2 + 31`` with the fewest
+    :func:`inner_conv_wavefronts`.
+    """
+    packed = blocks * blocks
+    return min(range(packed, packed + 32),
+               key=lambda stride: (inner_conv_wavefronts(size, blocks, stride), stride))
 
 
 def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = False,
@@ -1040,7 +1094,7 @@ def _emit_inner_blocks(e: _Emitter, spec: TileSpec, geo: TileGeometry, i: int) -
             e("_s = _a + _b", "_m = _a - _b", "_t = _c + _d", "_n = _c - _d",
               "u0 = _s + _t", "u1 = _s - _t", "u2 = _m + _n", "u3 = _m - _n")
         for k in range(4):
-            e(f"S[{inner.grids[i - 1] + k * n * n} + it] = u{k}")
+            e(f"S[{inner.grids[i - 1] + k * inner.strides[i - 1]} + it] = u{k}")
 
 
 def _emit_inner_tap_loads(e: _Emitter, spec: TileSpec, geo: TileGeometry) -> None:
@@ -1094,16 +1148,18 @@ def _emit_inner_levels(e: _Emitter, spec: TileSpec, geo: TileGeometry) -> None:
         if i < Li:
             _emit_inner_blocks(e, spec, geo, i + 1)
         e(f"# level {L + i}: {m} x {m} coefficients, one subband of one coefficient per item",
+          "# (coefficients fastest: inner_conv_wavefronts)",
           f"for it in range(tid, {4 * m * m}, {NT}):")
         with e.indent():
-            e("k = it & 3", "q = it >> 2", f"qy = q // {m}",
-              f"base = {inner.grids[i - 1]} + k * {n * n} + qy * {n} + q - qy * {m}",
+            e(f"k = it // {m * m}", f"q = it - k * {m * m}", f"qy = q // {m}",
+              f"base = {inner.grids[i - 1]} + k * {inner.strides[i - 1]} + qy * {n} + q"
+              f" - qy * {m}",
               f"wk = {inner.taps + (i - 1) * 4 * K2} + k * {K2}", "acc = fz",
               f"for dx in range({K}):")
             with e.indent():
                 for dy in range(K):
                     e(f"acc += S[wk + {dy * K} + dx] * S[base + {dy * n} + dx]")
-            e(f"S[{inner.z[i - 1]} + k * {m * m} + q] = acc")
+            e(f"S[{inner.z[i - 1]} + it] = acc")
         e("cuda.syncthreads()")
     for i in range(Li, 0, -1):
         zp = inner.z[i - 2] if i > 1 else geo.z[L - 1]
