@@ -271,7 +271,7 @@ def test_fitted_tiles_take_strips_that_divide_their_rows():
 
 def test_tile_source_skips_the_padding_items():
     source = tile_kernel_source(TileSpec(5, "float32", 2, 56, 128, 7, 128, 8, False, True))
-    assert "qx = it % 32" in source and "if qx >= 28:" in source  # level 1 and the output
+    assert "qx = (it) & 31" in source and "if qx >= 28:" in source  # level 1 and the output
     # level 2: 14 items in rows of 16, a warp's two rows 4 strip rows apart (7 strip
     # rows in 8 item rows: one idle)
     assert "if qx >= 14 or qy0 >= 14:" in source

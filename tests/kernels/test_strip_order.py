@@ -122,6 +122,7 @@ def test_inner_levels_read_their_planes_as_modelled():
     assert inner.strides == (68, 36)
     source = tile_kernel_source(spec)
     for m, n, grid, stride in zip(inner.sizes[1:], inner.blocks, inner.grids, inner.strides):
-        assert f"k = it // {m * m}" in source and f"q = it - k * {m * m}" in source
+        assert f"k = (it) >> {(m * m).bit_length() - 1}" in source
+        assert f"q = it - k * {m * m}" in source
         assert f"base = {grid} + k * {stride} + qy * {n} + q" in source
         assert f"S[{grid + 3 * stride} + it] = u3" in source

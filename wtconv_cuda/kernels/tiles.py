@@ -62,8 +62,8 @@ from typing import NamedTuple
 
 from .codegen import (
     STORAGE, _butterfly, _DivmodLoop, _Emitter, _emit_block_window, _emit_fold_weights,
-    _emit_level_accumulators, _emit_level_item_sums, _emit_pair_window, _load,
-    _single_item_cost, _store, _strip_item_cost,
+    _emit_level_accumulators, _emit_level_item_sums, _emit_pair_window, _floor_div, _floor_mod,
+    _load, _single_item_cost, _store, _strip_item_cost,
 )
 
 class TileSpec(NamedTuple):
@@ -616,15 +616,15 @@ def _strip_items(e: _Emitter, n: int, Q: int, threads: int, pitch: int):
     row, per_warp, stride = order.row, order.per_warp, order.stride
     e(f"for it in range(tid, {order.slots * row}, {threads}):")
     with e.indent():
-        e(f"qx = it % {row}")
+        e(f"qx = {_floor_mod('it', row)}")
         if stride == 1:
-            e(f"qy0 = (it // {row}) * {Q}")
+            e(f"qy0 = ({_floor_div('it', row)}) * {Q}")
         else:
             span = per_warp * stride
             e(f"# item rows {stride} strip rows apart in a warp: other banks",
-              f"slot = it // {row}", f"first = slot - slot % {span}",
-              f"qy0 = (first + (slot % {per_warp}) * {stride} + (slot - first) // {per_warp})"
-              f" * {Q}")
+              f"slot = {_floor_div('it', row)}", f"first = slot - {_floor_mod('slot', span)}",
+              f"qy0 = (first + ({_floor_mod('slot', per_warp)}) * {stride} + "
+              f"({_floor_div('slot - first', per_warp)})) * {Q}")
         idle = [f"qx >= {n}"] if row != n else []
         if order.slots > n // Q:
             idle.append(f"qy0 >= {n}")
@@ -983,7 +983,7 @@ def _emit_tile_singles(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int,
         e("k = it & 3", "q = it >> 2",
           "# subband k of the butterfly (a, b, c, d): (a + s1 b) + s2 (c + s1 d)",
           "s1 = float32(1 - 2 * (k >> 1))", "s2 = float32(1 - 2 * (k & 1))",
-          f"qx = q % {n}", f"qy = q // {n}",
+          f"qx = {_floor_mod('q', n)}", f"qy = {_floor_div('q', n)}",
           f"base = {src} + (qy + {off}) * {pitch} + qx + {off}",
           f"wk = {wb} + k * {K2}", "acc = fz",
           f"for dx in range({K}):")
@@ -1031,7 +1031,7 @@ def _emit_coarse_loads(e: _Emitter, spec: TileSpec) -> None:
       "cbase = plane * Hc * Wc", f"cy0 = oy >> {L}", f"cx0 = ox >> {L}",
       "fneg0 = float32(-0.0)")
     for r, rest in _thread_rounds(n * n, NT):
-        e(f"ci = tid + {r * NT}", f"cqy = ci // {n}", "cgy = cy0 + cqy",
+        e(f"ci = tid + {r * NT}", f"cqy = {_floor_div('ci', n)}", "cgy = cy0 + cqy",
           f"cgx = cx0 + ci - cqy * {n}")
         inside = "cgy < Hc and cgx < Wc"
         if rest is not None:
@@ -1066,7 +1066,7 @@ def _emit_inner_blocks(e: _Emitter, spec: TileSpec, geo: TileGeometry, i: int) -
     e(f"# level {L + i}'s Haar blocks, {m} x {m} (and the zero ones around), transformed",
       f"for it in range(tid, {n * n}, {NT}):")
     with e.indent():
-        e(f"by = it // {n}", f"a = by - {P}", f"b = it - by * {n} - {P}",
+        e(f"by = {_floor_div('it', n)}", f"a = by - {P}", f"b = it - by * {n} - {P}",
           "u0 = u1 = u2 = u3 = fz", f"if a >= 0 and a < {m} and b >= 0 and b < {m}:")
         with e.indent():
             if i == 1:  # values of the tile's LL band of level L, from grid L - 1
@@ -1151,7 +1151,8 @@ def _emit_inner_levels(e: _Emitter, spec: TileSpec, geo: TileGeometry) -> None:
           "# (coefficients fastest: inner_conv_wavefronts)",
           f"for it in range(tid, {4 * m * m}, {NT}):")
         with e.indent():
-            e(f"k = it // {m * m}", f"q = it - k * {m * m}", f"qy = q // {m}",
+            e(f"k = {_floor_div('it', m * m)}", f"q = it - k * {m * m}",
+              f"qy = {_floor_div('q', m)}",
               f"base = {inner.grids[i - 1]} + k * {inner.strides[i - 1]} + qy * {n} + q"
               f" - qy * {m}",
               f"wk = {inner.taps + (i - 1) * 4 * K2} + k * {K2}", "acc = fz",
@@ -1183,7 +1184,7 @@ def _emit_synthesis_into(e: _Emitter, threads: int, title: str, zo: int, zp: int
     mm = m * m
     e(f"# {title}", f"for it in range(tid, {mm}, {threads}):")
     with e.indent():
-        e(f"qy = it // {m}", f"qx = it - qy * {m}", f"z = {zo} + it",
+        e(f"qy = {_floor_div('it', m)}", f"qx = it - qy * {m}", f"z = {zo} + it",
           f"_s = S[z] + S[z + {mm}]", f"_m = S[z] - S[z + {mm}]",
           f"_t = S[z + {2 * mm}] + S[z + {3 * mm}]",
           f"_n = S[z + {2 * mm}] - S[z + {3 * mm}]",
