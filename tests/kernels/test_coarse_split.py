@@ -333,6 +333,28 @@ def test_inner_max_pixels_bounds_the_default_only():
     assert plan_tiles(small, LIMIT) is None and plan_split(small, LIMIT) is None
 
 
+def _clear_plan_caches():
+    for value in vars(launch).values():
+        if hasattr(value, "cache_clear"):
+            value.cache_clear()
+
+
+def test_small_tile_rule_caps_the_registers(monkeypatch, request):
+    """SmallTileSplit.max_registers reaches the tile of the split and the inner-level tile
+    (0: REGISTER_CAP); a Tuning cap still overrides it."""
+    stage = Problem(32, 384, 14, 14, 5, 3, 1, "float32", True)
+    assert plan_tiles(stage, LIMIT).spec.max_registers == launch.REGISTER_CAP
+    rules = dict(launch.SPLIT_SMALL_TILES)
+    rules[16] = rules[16]._replace(max_registers=64)
+    monkeypatch.setattr(launch, "SPLIT_SMALL_TILES", rules)
+    request.addfinalizer(_clear_plan_caches)  # no plan of the patched rule outlives the test
+    _clear_plan_caches()
+    assert plan_tiles(stage, LIMIT).spec.max_registers == 64
+    big = stage._replace(batch=64)
+    assert plan_split(big, LIMIT).tiles.spec.max_registers == 64
+    assert plan_tiles(stage, LIMIT, Tuning(max_registers=72)).spec.max_registers == 72
+
+
 def test_inner_geometry_reuses_the_dead_grid():
     """At 56 x 56 (tile 56, split 2, three inner levels) only the first inner grid takes
     new space: the taps, deeper grids and subbands fit in grid 1, dead by then."""

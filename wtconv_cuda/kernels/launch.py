@@ -564,6 +564,8 @@ class SmallTileSplit(NamedTuple):
     inner_max_pixels : int
         With ``inner``: problems of at least this many pixels split instead
         (0: none do).
+    max_registers : int
+        Register cap of the tile (0: `REGISTER_CAP`).
     """
 
     level: int
@@ -574,6 +576,7 @@ class SmallTileSplit(NamedTuple):
     fit: int = 0
     inner: bool = False
     inner_max_pixels: int = 0
+    max_registers: int = 0
 
 
 #: Planes no larger than a tile split their forward by default, with one tile
@@ -1082,6 +1085,7 @@ def _small_plane_tiles(p: Problem, shared_limit: int, tuning: Tuning, backward: 
     c = min(p.levels - 1, rule.level)
     threads = tuning.threads or rule.threads or None
     strip = tuning.strip or rule.strip or None
+    max_registers = tuning.max_registers or rule.max_registers or None
     fitted = -(-max(p.height, p.width) // rule.fit) * rule.fit if rule.fit else edge
     # a fitted tile whose halo reads too much falls back to the power of two
     for tile in dict.fromkeys([fitted, edge]):
@@ -1090,7 +1094,8 @@ def _small_plane_tiles(p: Problem, shared_limit: int, tuning: Tuning, backward: 
         if tile_geometry(p.kernel_size, c, tile).read_amplification > TILE_MAX_READ:
             continue
         fine = whole_tiles(p._replace(levels=c), shared_limit,
-                          tuning._replace(tiles=True, tile=tile, threads=threads, strip=strip),
+                          tuning._replace(tiles=True, tile=tile, threads=threads, strip=strip,
+                                          max_registers=max_registers),
                           backward)
         if fine is not None:
             return c, fine
