@@ -70,8 +70,9 @@ def main(argv=None):
         d_bias = bs.new_empty((0,)) if bb is None else torch.empty_like(bb)
         return torch.empty(x.shape, dtype=x.dtype), grads[0], d_bias, *grads[1:]
 
+    launches = None
     if args.launch_path:
-        install_stand_in_device(binding)
+        launches = install_stand_in_device(binding)
     else:
         binding._IMPLS["cpu"] = (forward_stub, backward_stub)
         # Versions that pick the GPU branch by identity with the CUDA functions
@@ -122,24 +123,34 @@ def main(argv=None):
                 times.append((time.perf_counter() - start) / args.calls * 1e6)
             print(f"{levels:>6} {'bf16' if autocast else 'off':>9} {min(times):>8.1f} "
                   f"{statistics.median(times):>10.1f}")
+            if launches is not None:  # one more step, counted
+                before = launches[0]
+                step()
+                print(f"{'':>6} {'':>9} launches per step: {launches[0] - before}")
 
 
-def install_stand_in_device(binding) -> None:
+def install_stand_in_device(binding) -> list:
     """Route CPU tensors through ``_forward_cuda`` / ``_backward_cuda`` with a device
-    whose kernels, streams and device switches do nothing (addresses are the CPU
-    tensors'; no kernel runs, so outputs are garbage)."""
+    whose kernels, launches, streams and device switches do nothing (addresses are the
+    CPU tensors'; no kernel runs, so outputs are garbage). Calls replay recorded
+    programs (:mod:`wtconv_cuda.kernels.program`), as on a GPU, with a launch that
+    returns at once. Returns a one-element list counting the launches."""
     import contextlib
     import types
 
     import torch
 
     from wtconv_cuda.bindings import _common
+    from wtconv_cuda.kernels import program
 
     class Backend:  # an H200's limits (CupyBackend: 227 KiB less 1 KiB, 2 slots per SM)
         shared_limit, max_slots = 226 * 1024, 2 * 132
 
         def kernel(self, spec):
             return lambda grid, block, args, shared_mem=0, stream=None: None
+
+        def driver_handle(self, kernel):
+            return 1  # any int: launches go to the stand-in below
 
     device = _common.DeviceKernels(0, backend=Backend())
     stream = types.SimpleNamespace(ptr=0)
@@ -152,9 +163,18 @@ def install_stand_in_device(binding) -> None:
         table = torch.from_numpy(values.copy())
         return table, table.data_ptr()
 
+    launches = [0]
+
+    def launch(function, grid, block, shared, stream, args):
+        launches[0] += 1
+
+    program.launch_packed = launch
+    binding._per_device[None] = (device, allocate, make_table)  # CPU tensors: index None
+    binding._current_stream = lambda index: 0
     binding._launcher = lambda dev: _common.PointerLauncher(device, stream, allocate, make_table)
     _common.DeviceScope = lambda index: contextlib.nullcontext()
     binding._IMPLS["cpu"] = (binding._forward_cuda, binding._backward_cuda)
+    return launches
 
 
 if __name__ == "__main__":
