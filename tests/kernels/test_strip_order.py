@@ -101,7 +101,7 @@ def test_inner_conv_wavefronts(size, blocks, stride, want):
 
 
 def test_inner_plane_stride():
-    """The smallest stride with the fewest conflicts, never more than packed planes."""
+    """The smallest stride with the fewest conflicts, never more conflicts than packed planes."""
     assert inner_plane_stride(4, 8) == 68
     assert inner_plane_stride(2, 6) == 36 and inner_plane_stride(7, 11) == 121
     for size in range(1, 15):
