@@ -136,7 +136,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     cc = tuple(int(v) for v in args.cc.split("."))
 
-    specs = [_spec(text) for text in args.spec]
+    from wtconv_cuda.kernels.compiler import spec_from_repr
+
+    specs = [spec_from_repr(text) for text in args.spec]
     if args.stage:
         specs += stage_specs(args.stage, args.storage, args.backward)
     if not specs:
@@ -174,18 +176,6 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(counts, indent=1))
     return 0
-
-
-def _spec(text: str):
-    """The spec whose repr is ``text`` (every spec type of the package)."""
-    from wtconv_cuda.kernels.codegen import FinalizeSpec, PlaneSpec
-    from wtconv_cuda.kernels.coarse import CoarseOutSpec, CoarseSpec
-    from wtconv_cuda.kernels.flip import FlipSpec
-    from wtconv_cuda.kernels.registers import RegisterSpec
-    from wtconv_cuda.kernels.tiles import TileSpec
-    return eval(text, {"FinalizeSpec": FinalizeSpec, "PlaneSpec": PlaneSpec, "TileSpec": TileSpec,
-                       "CoarseSpec": CoarseSpec, "CoarseOutSpec": CoarseOutSpec,
-                       "FlipSpec": FlipSpec, "RegisterSpec": RegisterSpec})
 
 
 if __name__ == "__main__":

@@ -68,9 +68,7 @@ def label(current: launch.SmallTileSplit, rule: launch.SmallTileSplit) -> str:
 def set_rule(edge: int, rule: launch.SmallTileSplit) -> None:
     """Set the rule and forget every plan and recorded program."""
     launch.SPLIT_SMALL_TILES[edge] = rule
-    for value in vars(launch).values():
-        if hasattr(value, "cache_clear"):
-            value.cache_clear()
+    launch.clear_plan_caches()
     gpu._program.cache_clear()
 
 

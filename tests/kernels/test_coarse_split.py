@@ -333,12 +333,6 @@ def test_inner_max_pixels_bounds_the_default_only():
     assert plan_tiles(small, LIMIT) is None and plan_split(small, LIMIT) is None
 
 
-def _clear_plan_caches():
-    for value in vars(launch).values():
-        if hasattr(value, "cache_clear"):
-            value.cache_clear()
-
-
 def test_small_tile_rule_caps_the_registers(monkeypatch, request):
     """SmallTileSplit.max_registers reaches the tile of the split and the inner-level tile
     (0: REGISTER_CAP); a Tuning cap still overrides it."""
@@ -347,8 +341,8 @@ def test_small_tile_rule_caps_the_registers(monkeypatch, request):
     rules = dict(launch.SPLIT_SMALL_TILES)
     rules[16] = rules[16]._replace(max_registers=64)
     monkeypatch.setattr(launch, "SPLIT_SMALL_TILES", rules)
-    request.addfinalizer(_clear_plan_caches)  # no plan of the patched rule outlives the test
-    _clear_plan_caches()
+    request.addfinalizer(launch.clear_plan_caches)  # no plan of the patched rule outlives it
+    launch.clear_plan_caches()
     assert plan_tiles(stage, LIMIT).spec.max_registers == 64
     big = stage._replace(batch=64)
     assert plan_split(big, LIMIT).tiles.spec.max_registers == 64

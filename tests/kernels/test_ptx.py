@@ -106,21 +106,10 @@ def allowed_local_bytes(spec) -> int:
     return 0
 
 
-def spec_from_repr(text: str):
-    """The kernel spec whose ``repr`` is ``text``."""
-    from wtconv_cuda.kernels.codegen import FinalizeSpec, PlaneSpec
-    from wtconv_cuda.kernels.coarse import CoarseOutSpec, CoarseSpec
-    from wtconv_cuda.kernels.registers import RegisterSpec
-    from wtconv_cuda.kernels.tiles import TileSpec
-    from wtconv_cuda.kernels.flip import FlipSpec
-    return eval(text, {"FinalizeSpec": FinalizeSpec, "PlaneSpec": PlaneSpec,
-                       "TileSpec": TileSpec, "CoarseSpec": CoarseSpec, "FlipSpec": FlipSpec,
-                       "CoarseOutSpec": CoarseOutSpec, "RegisterSpec": RegisterSpec})
-
-
 def local_memory_over_bounds(usage: dict) -> dict:
     """``{repr: local bytes}`` of the variants in ``usage`` (as the subprocess writes it)
     that keep more local memory than :func:`allowed_local_bytes`."""
+    from wtconv_cuda.kernels.compiler import spec_from_repr
     return {name: local for name, (_, local, _) in usage.items()
             if local > allowed_local_bytes(spec_from_repr(name))}
 

@@ -268,6 +268,26 @@ def distinct(specs) -> list:
     return list({(type(spec), spec): spec for spec in specs}.values())
 
 
+def spec_from_repr(text: str):
+    """The kernel spec whose ``repr`` is ``text`` (any spec type :func:`compile_ptx` takes).
+
+    Reports and caches name variants by ``repr``; this reads such a name back.
+
+    Parameters
+    ----------
+    text : str
+        E.g. ``"TileSpec(kernel_size=5, storage='float32', levels=1, tile=16)"``.
+
+    Returns
+    -------
+    PlaneSpec, FinalizeSpec, TileSpec, CoarseSpec, CoarseOutSpec, RegisterSpec or FlipSpec
+    """
+    names = {cls.__name__: cls for cls in (
+        codegen.PlaneSpec, codegen.FinalizeSpec, tiles.TileSpec, coarse.CoarseSpec,
+        coarse.CoarseOutSpec, registers.RegisterSpec, flip.FlipSpec)}
+    return eval(text, {"__builtins__": {}}, names)
+
+
 def _source_for(spec) -> tuple[str, str, tuple]:
     if isinstance(spec, flip.FlipSpec):
         return flip.flip_kernel_source(spec), "wtconv_flip", flip_signature(spec.storage)

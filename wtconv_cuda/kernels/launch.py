@@ -1408,6 +1408,19 @@ def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots:
     return tuple(sizes)
 
 
+def clear_plan_caches() -> None:
+    """Forget every cached plan of this module.
+
+    Plans are cached by problem and tuning, not by the module-level rules
+    they read (`SPLIT_SMALL_TILES` and the other constants): call this after
+    changing one (an A/B of a rule, a test). Recorded launch programs hold
+    plans too: clear those as well (``wtconv_cuda.gpu._program``).
+    """
+    for value in list(globals().values()):
+        if hasattr(value, "cache_clear"):
+            value.cache_clear()
+
+
 def planned_specs(problem: Problem, backward: bool, shared_limit: int, max_slots: int,
                   tuning: Tuning = Tuning()) -> list:
     """The kernel specs :func:`run_forward` / :func:`run_backward` launch, in launch order.

@@ -58,6 +58,7 @@ planes (``TS_j = TS / 2**j``), subband-major.
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
+from functools import lru_cache
 from typing import NamedTuple
 
 from .codegen import (
@@ -274,6 +275,15 @@ def _strip_order(n: int, rows: int, stride: int) -> StripOrder:
     return StripOrder(row, per_warp, stride, strips if stride == 1 else -(-strips // span) * span)
 
 
+def _most_words_per_bank(words) -> int:
+    """Wavefronts of one warp-wide shared read of ``words``: the most distinct words any
+    one of the 32 banks is asked for (1: no bank conflict)."""
+    banks: dict = {}
+    for word in words:
+        banks.setdefault(word % 32, set()).add(word)
+    return max(len(distinct) for distinct in banks.values())
+
+
 def strip_wavefronts(n: int, rows: int, pitch: int, stride: int = 1) -> float:
     """Shared-memory wavefronts per warp-wide read of a strip phase (1: no bank conflict).
 
@@ -302,14 +312,13 @@ def strip_wavefronts(n: int, rows: int, pitch: int, stride: int = 1) -> float:
     order = _strip_order(n, rows, stride)
     counts = []
     for first in range(0, order.slots * order.row, 32):
-        banks: dict = {}
+        words = []
         for it in range(first, first + 32):
             qx, qy0 = it % order.row, order.strip_row(it // order.row) * rows
             if qx < n and qy0 < n:
-                word = qy0 * pitch + qx
-                banks.setdefault(word % 32, set()).add(word)
-        if banks:
-            counts.append(max(len(words) for words in banks.values()))
+                words.append(qy0 * pitch + qx)
+        if words:
+            counts.append(_most_words_per_bank(words))
     return sum(counts) / len(counts)
 
 
@@ -447,15 +456,13 @@ def inner_conv_wavefronts(size: int, blocks: int, stride: int) -> float:
     """
     mm, counts = size * size, []
     for first in range(0, 4 * mm, 32):
-        banks: dict = {}
-        for it in range(first, min(first + 32, 4 * mm)):
-            k, q = divmod(it, mm)
-            word = k * stride + (q // size) * blocks + q % size
-            banks.setdefault(word % 32, set()).add(word)
-        counts.append(max(len(words) for words in banks.values()))
+        items = (divmod(it, mm) for it in range(first, min(first + 32, 4 * mm)))
+        counts.append(_most_words_per_bank(k * stride + (q // size) * blocks + q % size
+                                           for k, q in items))
     return sum(counts) / len(counts)
 
 
+@lru_cache(maxsize=None)
 def inner_plane_stride(size: int, blocks: int) -> int:
     """Words between an inner level's four block planes: the fewest bank conflicts.
 
