@@ -19,7 +19,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from . import coarse, codegen, flip, registers, tiles
+from . import coarse, codegen, flip, lanes, registers, tiles
 
 #: Bump when the kernel ABI or generated code changes in a way the source
 #: hash alone would not capture.
@@ -230,6 +230,25 @@ def register_signature(storage: str, backward: bool = False) -> tuple:
     return (st,) * (13 if backward else 7) + (types.int64,) * 3
 
 
+def lane_signature(storage: str) -> tuple:
+    """Argument types of ``wtconv_lanes`` (see :mod:`wtconv_cuda.kernels.lanes`).
+
+    Parameters
+    ----------
+    storage : str
+        ``"float32"``, ``"float16"`` or ``"bfloat16"`` (passed as ``uint16``).
+
+    Returns
+    -------
+    tuple of numba types
+        Pointers to the storage type for ``dy`` and ``x``, a float32 pointer
+        for ``part``, then int64 ``B, C``.
+    """
+    from numba import types
+    st = types.CPointer(_storage_type(storage))
+    return (st, st, types.CPointer(types.float32), types.int64, types.int64)
+
+
 def flip_signature(storage: str) -> tuple:
     """Argument types of ``wtconv_flip`` (see :mod:`wtconv_cuda.kernels.flip`).
 
@@ -280,17 +299,20 @@ def spec_from_repr(text: str):
 
     Returns
     -------
-    PlaneSpec, FinalizeSpec, TileSpec, CoarseSpec, CoarseOutSpec, RegisterSpec or FlipSpec
+    PlaneSpec, FinalizeSpec, TileSpec, CoarseSpec, CoarseOutSpec, RegisterSpec, FlipSpec or
+    LaneSpec
     """
     names = {cls.__name__: cls for cls in (
         codegen.PlaneSpec, codegen.FinalizeSpec, tiles.TileSpec, coarse.CoarseSpec,
-        coarse.CoarseOutSpec, registers.RegisterSpec, flip.FlipSpec)}
+        coarse.CoarseOutSpec, registers.RegisterSpec, flip.FlipSpec, lanes.LaneSpec)}
     return eval(text, {"__builtins__": {}}, names)
 
 
 def _source_for(spec) -> tuple[str, str, tuple]:
     if isinstance(spec, flip.FlipSpec):
         return flip.flip_kernel_source(spec), "wtconv_flip", flip_signature(spec.storage)
+    if isinstance(spec, lanes.LaneSpec):
+        return lanes.lane_kernel_source(spec), "wtconv_lanes", lane_signature(spec.storage)
     if isinstance(spec, registers.RegisterSpec):
         return (registers.register_kernel_source(spec), "wtconv_registers",
                 register_signature(spec.storage, spec.backward))

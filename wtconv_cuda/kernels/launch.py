@@ -23,6 +23,8 @@ from . import compiler
 from .coarse import COARSE_THREADS, CoarseLayout, CoarseOutSpec, CoarseSpec, coarse_layout
 from .codegen import FinalizeSpec, PlaneSpec
 from .flip import FLIP_THREADS, FlipSpec
+from .lanes import THREADS as LANE_THREADS, LaneSpec, planes_per_block as lane_planes
+from .lanes import shared_bytes as lane_shared_bytes
 from .registers import MAX_PIXELS as REGISTER_MAX_PIXELS, RegisterSpec
 from .registers import shared_bytes as register_shared_bytes
 from .tiles import TileSpec, output_strip, tile_geometry
@@ -170,6 +172,13 @@ class Tuning(NamedTuple):
         pixels below ``inner_max_pixels``, and of 33 to 64) and the block's
         buffer fits; True also above the rule's ``inner_max_pixels``; False
         never.
+    lanes : int or None
+        Backward where ``dx`` comes from the forward kernels
+        (:func:`dx_from_forward`): compute the weight gradients on the lane
+        kernel (:mod:`wtconv_cuda.kernels.lanes`) with this many threads per
+        plane (1 or 2) instead of the ``weights_only`` plane kernel, where
+        ``B`` is a multiple of the block's planes and the block fits. None
+        follows :func:`plan_lanes`'s default rule; 0 never.
     """
 
     threads: int | None = None
@@ -186,6 +195,7 @@ class Tuning(NamedTuple):
     dx_forward: bool | None = None
     dx_batch: int | None = None
     inner: bool | None = None
+    lanes: int | None = None
 
 
 #: Bytes per element of each storage dtype.
@@ -946,6 +956,121 @@ def plan_registers(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(
                           _int64s(p.batch, p.channels, int(p.has_bias)))
 
 
+#: Largest plane whose weight gradients take the lane kernel by default (with
+#: `LANES_DEFAULT` threads per plane). 0: none, until it is timed on a GPU; see
+#: benchmarks/NOTES.md, thirtieth session.
+LANES_MAX_PIXELS = 0
+#: Threads per plane of the lane kernel where the default rule takes it.
+LANES_DEFAULT = 2
+#: ``Tuning(lanes=...)`` forces the lane kernel up to this many pixels (a
+#: plane's slot must still fit the block's shared memory).
+LANES_FORCE_MAX_PIXELS = 1024
+
+
+#: Shared memory a multiprocessor sets aside per resident block (bytes; Hopper).
+BLOCK_RESERVED_SHARED = 1024
+
+
+def lane_spec_fitted(spec: LaneSpec, shared_limit: int) -> LaneSpec:
+    """``spec`` with the ``tap_batch`` (16 to 32) that lets the most blocks share a
+    multiprocessor, the largest of those.
+
+    A multiprocessor's shared memory is taken as ``shared_limit +``
+    `BLOCK_RESERVED_SHARED` bytes (the H200's 228 KB), each block costing its
+    buffer plus `BLOCK_RESERVED_SHARED`. At 14 x 14, L 3, two lanes per plane,
+    a 26-tap tile fits seven blocks where the 32-tap one fits six.
+    """
+    capacity = shared_limit + BLOCK_RESERVED_SHARED
+
+    def blocks(batch: int) -> int:
+        return capacity // (lane_shared_bytes(spec._replace(tap_batch=batch))
+                            + BLOCK_RESERVED_SHARED)
+
+    best = max(range(32, 15, -1), key=blocks)  # the first (largest) of the most blocks
+    return spec._replace(tap_batch=best)
+
+
+class LaneLaunch(NamedTuple):
+    """The weight gradients of a backward on the lane kernel (:mod:`wtconv_cuda.kernels.lanes`).
+
+    Attributes
+    ----------
+    spec : LaneSpec
+        The ``wtconv_lanes`` variant.
+    grid : int
+        Blocks: ``C * nchunks``, one warp each (``nchunks = B / planes``).
+    shared_bytes : int
+        Dynamic shared memory per block.
+    partial_floats : int
+        ``grid * ntaps``: one partial per block.
+    finalize_dims : numpy.ndarray
+        ``(B, C, L, has_bias, nchunks)`` for ``wtconv_finalize``.
+    ntaps : int
+        Taps of a partial.
+    scalars : tuple of numpy.int64
+        ``B, C``: the launch's int64 arguments after its pointers.
+    """
+
+    spec: LaneSpec
+    grid: int
+    shared_bytes: int
+    partial_floats: int
+    finalize_dims: np.ndarray
+    ntaps: int
+    scalars: tuple
+
+
+@lru_cache(maxsize=1024)
+def plan_lanes(problem: Problem, shared_limit: int, max_slots: int, tuning: Tuning = Tuning()):
+    """The lane kernel for a backward's weight gradients, or None.
+
+    It runs where ``dx`` comes from the forward kernels
+    (:func:`dx_forward_plan` has a plan), ``B`` is a multiple of the block's
+    ``32 / lanes`` planes and the block's buffer fits ``shared_limit``.
+    ``tuning.lanes`` 1 or 2 takes it for planes of up to
+    `LANES_FORCE_MAX_PIXELS`; None for planes of up to `LANES_MAX_PIXELS`
+    with `LANES_DEFAULT` threads each; 0 never.
+
+    Parameters
+    ----------
+    problem : Problem
+        The layer call.
+    shared_limit, max_slots : int
+        The backend's limits, as passed to :func:`plan_plane`.
+    tuning : Tuning, optional
+        ``lanes``, and ``max_registers`` for its register cap.
+
+    Returns
+    -------
+    LaneLaunch or None
+    """
+    p = problem
+    pixels = p.height * p.width
+    lanes = tuning.lanes
+    if lanes is None:
+        lanes = LANES_DEFAULT if pixels <= LANES_MAX_PIXELS else 0
+    elif pixels > LANES_FORCE_MAX_PIXELS:
+        return None
+    if not lanes or p.stride != 1:
+        return None
+    spec = lane_spec_fitted(LaneSpec(p.kernel_size, p.storage, p.height, p.width, p.levels,
+                                     lanes, tuning.max_registers or 0), shared_limit)
+    planes = lane_planes(spec)
+    if p.batch % planes:
+        return None
+    shared = lane_shared_bytes(spec)
+    if shared > shared_limit:
+        return None
+    if dx_forward_plan(p, shared_limit, max_slots, tuning) is None:
+        return None
+    nchunks = p.batch // planes
+    grid = p.channels * nchunks
+    ntaps = p.kernel_size ** 2 * (1 + 4 * p.levels) + 1
+    dims = np.array([p.batch, p.channels, p.levels, int(p.has_bias), nchunks], np.int64)
+    return LaneLaunch(spec, grid, shared, grid * ntaps, dims, ntaps,
+                      _int64s(p.batch, p.channels))
+
+
 class SplitPlan(NamedTuple):
     """A pass split at level ``split``: coarse pre-pass, then the tiles.
 
@@ -1401,6 +1526,9 @@ def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots:
         for count in dx.batches:
             sizes += work_buffers(_dx_problem(problem)._replace(batch=count), False,
                                   shared_limit, max_slots, dx.tuning)
+        lanes = plan_lanes(problem, shared_limit, max_slots, tuning)
+        if lanes is not None:
+            return tuple(sizes) + (lanes.partial_floats,)
     if backward and not launch.spec.fused_finalize:
         sizes.append(launch.partial_floats)
     if launch.scratch_floats:
@@ -1465,6 +1593,9 @@ def planned_specs(problem: Problem, backward: bool, shared_limit: int, max_slots
         forward = [s for count in dict.fromkeys(dx.batches)
                    for s in planned_specs(_dx_problem(problem)._replace(batch=count), False,
                                           shared_limit, max_slots, dx.tuning)]
+        lanes = plan_lanes(problem, shared_limit, max_slots, tuning)
+        if lanes is not None:
+            specs = [lanes.spec, finalize]
         specs = [FlipSpec(problem.storage, problem.kernel_size)] + forward + specs
     return specs
 
@@ -1697,6 +1828,14 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
         _run_dx_forward(backend, problem, dy, dx, weights,
                         dx_forward_plan(problem, backend.shared_limit, backend.max_slots,
                                         tuning))
+        lanes = plan_lanes(problem, backend.shared_limit, backend.max_slots, tuning)
+        if lanes is not None:  # the weight gradients on the lane kernel instead
+            partial = backend.float32(lanes.partial_floats)
+            backend.call(backend.kernel(lanes.spec), lanes.grid, LANE_THREADS,
+                         (dy, x, partial, *lanes.scalars), lanes.shared_bytes)
+            _run_finalize(backend, problem, partial, weights, grads, lanes.finalize_dims,
+                          lanes.ntaps)
+            return
     geo = backend.table(launch.geo)
     fused = launch.spec.fused_finalize  # the plane kernel writes the gradients itself
     partial = geo if fused else backend.float32(launch.partial_floats)

@@ -1,0 +1,185 @@
+"""The lane kernel (weight gradients, a plane to one or two threads) in numba's simulator.
+
+The backward runs through the planner with the lane kernel forced (``dx`` from the
+forward kernels): every gradient against the float64 oracle on the 14 x 14 stage's
+plane, odd planes whose grids need the padded row and column, level counts up to past
+a 1 x 1 grid, K 3 to 7, several channels and batch chunks, float16, with and without
+bias; outputs poisoned with NaN. The layout's padding and bank rules and the
+planner's rules are checked on the CPU.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+from wtconv_cuda.kernels import launch
+from wtconv_cuda.kernels.launch import (
+    LANES_FORCE_MAX_PIXELS, FinalizeSpec, LaneSpec, Problem, Tuning, Weights, lane_spec_fitted,
+    plan_lanes, planned_specs, run_backward, work_buffers,
+)
+from wtconv_cuda.kernels.lanes import (
+    THREADS, lane_kernel_source, lane_layout, planes_per_block, shared_bytes,
+)
+from wtconv_cuda.kernels.registers import grids
+
+from ._backends import RecordingBackend
+from ._oracle import backward_errors, random_layer
+
+simulator = pytest.mark.skipif(os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
+                               reason="needs numba's CUDA simulator")
+
+TOLERANCE = {"float32": 1e-5, "float16": 2e-3}
+LIMIT = 227 * 1024  # dynamic shared memory of a block, bytes
+SLOTS = 1 << 30
+
+
+def lane_backward_errors(rng, shape, levels, k, lanes, storage="float32", bias=True):
+    """The backward with the lane kernel forced: relative errors of ``dx`` and every
+    gradient, after checking the launches and buffers against the planner's lists."""
+    x, wts, weights, problem = random_layer(rng, shape, levels, k, 1, storage, bias)
+    tuning = Tuning(lanes=lanes, dx_forward=True, registers=False)
+    lane_launch = plan_lanes(problem, LIMIT, SLOTS, tuning)
+    assert lane_launch is not None
+    dy = rng.standard_normal(shape).astype(x.dtype)
+    dx = np.full(shape, np.nan, x.dtype)
+    grads = Weights(*(np.full(a.shape, np.nan, x.dtype) for a in weights))
+    backend = RecordingBackend(shared_limit=LIMIT, max_slots=SLOTS)
+    x_before, dy_before = x.copy(), dy.copy()
+    run_backward(backend, problem, x, dy, dx, weights, grads, tuning)
+    assert backend.kernels == planned_specs(problem, True, LIMIT, SLOTS, tuning)
+    assert backend.kernels[-2:] == [lane_launch.spec, FinalizeSpec(k, storage)]
+    assert tuple(backend.requests) == work_buffers(problem, True, LIMIT, SLOTS, tuning)
+    assert backend.requests[-1] == lane_launch.partial_floats
+    np.testing.assert_array_equal(x, x_before)
+    np.testing.assert_array_equal(dy, dy_before)
+    return backward_errors(x, wts, dy, levels, 1, dx, grads, bias)
+
+
+@simulator
+@pytest.mark.parametrize("shape,levels,k,lanes", [
+    ((16, 1, 14, 14), 3, 5, 2),   # the 14 x 14 stage's plane
+    ((32, 2, 9, 6), 4, 5, 2),     # two channels of two chunks; odd grids, a 1 x 1 level
+    ((32, 2, 5, 7), 3, 3, 1),     # one thread a plane; past a 1 x 1 grid
+    ((16, 1, 2, 9), 0, 7, 2),     # no levels: base taps and bias only
+    ((32, 1, 1, 3), 2, 3, 1),     # a single row
+])
+def test_lane_kernel_matches_oracle(rng, shape, levels, k, lanes):
+    errors = lane_backward_errors(rng, shape, levels, k, lanes)
+    bad = {n: e for n, e in errors.items() if not e < TOLERANCE["float32"]}
+    assert not bad, bad
+
+
+@simulator
+@pytest.mark.parametrize("bias", [True, False])
+def test_lane_kernel_float16(rng, bias):
+    errors = lane_backward_errors(rng, (16, 1, 3, 11), 2, 7 if bias else 3, 2, "float16", bias)
+    bad = {n: e for n, e in errors.items() if not e < TOLERANCE["float16"]}
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("height,width,levels", [(14, 14, 3), (7, 7, 2), (9, 6, 4), (1, 3, 2),
+                                                 (13, 11, 5)])
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_layout_reaches_every_butterfly_result(height, width, levels, lanes):
+    """Every value a level's butterflies write lies in the pyramid's padded area, and a
+    value of a missing row or column of grid ``j - 1`` lies outside the plane, where no
+    grid element lives."""
+    lay = lane_layout(LaneSpec(5, "float32", height, width, levels, lanes))
+    sizes = grids(height, width, levels)
+    for j in range(1, levels + 1):
+        (hp, wp), (hj, wj), s = sizes[j - 1], sizes[j], 1 << (j - 1)
+        for r in range(2 * hj):
+            for col in range(2 * wj):
+                row0, col0 = r * s, col * s
+                assert row0 < lay.rows and col0 < lay.pitch
+                if r >= hp or col >= wp:
+                    assert row0 >= height or col0 >= width
+    assert lay.dy >= lay.rows * lay.pitch and lay.slot >= lay.dy + lay.rows * lay.pitch
+
+
+def banks(addresses) -> int:
+    """Wavefronts of one warp's 32-bit shared loads: the most distinct words on a bank."""
+    words = {}
+    for a in set(addresses):
+        words.setdefault(a % 32, set()).add(a)
+    return max(len(v) for v in words.values())
+
+
+@pytest.mark.parametrize("height,width,levels", [(14, 14, 3), (7, 7, 2), (13, 11, 5)])
+def test_two_lanes_read_32_banks(height, width, levels):
+    """With two threads a plane, a warp's reads hit 32 banks where the halves are an odd
+    distance apart (rows, the two pyramids, level 1's subband columns); with one, the
+    32 slots do."""
+    lay = lane_layout(LaneSpec(5, "float32", height, width, levels, 2))
+    assert lay.slot % 32 == 2 and lay.pitch % 2 == 1 and lay.dy % 2 == 1
+    for offset in (lay.pitch, lay.dy, 1):  # what separates the halves' addresses
+        for const in (0, 7, lay.pitch + 3):
+            assert banks([(t >> 1) * lay.slot + (t & 1) * offset + const
+                          for t in range(THREADS)]) == 1
+    one = lane_layout(LaneSpec(5, "float32", height, width, levels, 1))
+    assert banks([t * one.slot + 5 for t in range(THREADS)]) == 1
+
+
+def test_tap_batch_fits_a_seventh_block():
+    """At the 14 x 14 stage a 26-tap tile lets seven one-warp blocks share an H200
+    multiprocessor (228 KB, 1 KB reserved per block); 32 taps fit six."""
+    spec = lane_spec_fitted(LaneSpec(5, "float32", 14, 14, 3, 2), LIMIT)
+    assert spec.tap_batch == 26
+    capacity = 228 * 1024
+    assert capacity // (shared_bytes(spec) + 1024) == 7
+    assert capacity // (shared_bytes(spec._replace(tap_batch=32)) + 1024) == 6
+
+
+def test_planner_rules(monkeypatch):
+    stage = Problem(64, 384, 14, 14, 5, 3, 1, "float32", True)
+    assert launch.LANES_MAX_PIXELS == 0  # off by default until timed on a GPU
+    assert plan_lanes(stage, LIMIT, SLOTS) is None
+    forced = plan_lanes(stage, LIMIT, SLOTS, Tuning(lanes=2))
+    assert forced.spec.lanes == 2 and forced.grid == 384 * 64 // planes_per_block(forced.spec)
+    assert forced.partial_floats == forced.grid * forced.ntaps == forced.grid * 326
+    assert list(forced.finalize_dims) == [64, 384, 3, 1, 4]
+    specs = planned_specs(stage, True, LIMIT, SLOTS, Tuning(lanes=2))
+    assert specs[-2:] == [forced.spec, FinalizeSpec(5, "float32")]
+    # batches that do not fill the blocks, stride 2, large planes, lanes 0
+    assert plan_lanes(stage._replace(batch=40), LIMIT, SLOTS, Tuning(lanes=2)) is None
+    assert plan_lanes(stage._replace(batch=48), LIMIT, SLOTS, Tuning(lanes=1)) is None
+    assert plan_lanes(stage._replace(stride=2), LIMIT, SLOTS, Tuning(lanes=2)) is None
+    big = stage._replace(height=33, width=33)
+    assert 33 * 33 > LANES_FORCE_MAX_PIXELS and plan_lanes(big, LIMIT, SLOTS, Tuning(lanes=2)) is None
+    assert plan_lanes(stage, LIMIT, SLOTS, Tuning(lanes=0)) is None
+    # no dx from the forward kernels (the one-kernel backward): no lane kernel
+    assert plan_lanes(stage, LIMIT, SLOTS, Tuning(lanes=2, dx_forward=False)) is None
+    # the default rule, once switched on
+    monkeypatch.setattr(launch, "LANES_MAX_PIXELS", 256)
+    launch.clear_plan_caches()
+    try:
+        assert plan_lanes(stage, LIMIT, SLOTS).spec == forced.spec
+        assert plan_lanes(stage._replace(height=28, width=28), LIMIT, SLOTS) is None
+    finally:
+        monkeypatch.undo()
+        launch.clear_plan_caches()
+
+
+def test_source_checks_its_spec():
+    with pytest.raises(ValueError, match="lanes"):
+        lane_kernel_source(LaneSpec(5, "float32", 14, 14, 3, 4))
+    with pytest.raises(ValueError, match="odd"):
+        lane_kernel_source(LaneSpec(4, "float32", 14, 14, 3, 2))
+    with pytest.raises(ValueError, match="tap_batch"):
+        lane_kernel_source(LaneSpec(5, "float32", 14, 14, 3, 2, tap_batch=33))
+
+
+def test_hot_loops_address_shared_memory_by_constants():
+    """Inside the correlations and butterflies every shared-memory index is a row base
+    plus a constant: no division, no modulo, no per-element index arithmetic."""
+    source = lane_kernel_source(LaneSpec(5, "float32", 14, 14, 3, 2))
+    body = source.split("cuda.syncwarp()", 1)[1]  # after the planes are staged
+    for line in body.splitlines():
+        line = line.strip()
+        assert "//" not in line and "%" not in line, line
+        if "S[" in line:
+            index = line.split("S[", 1)[1].split("]", 1)[0]
+            base, *offset = index.split(" ")
+            assert base in ("gr", "ur", "tr0", "tile_in", "tile_out"), line
+            assert offset == [] or offset[0] in "+-" and offset[1].isdigit(), line

@@ -1,0 +1,507 @@
+"""Lane kernel: the weight gradients of small planes, a plane to one or two lanes.
+
+The ``weights_only`` plane kernel (:mod:`.codegen`) gives a 14 x 14 plane a
+warp: its work items are tap rows times row chunks, so most of its
+instructions go to index arithmetic, barriers, idle lanes on the coarse
+levels and the reductions of the chunks. ``wtconv_lanes`` deals the planes
+to the lanes instead. A block is one warp; it holds ``32 / lanes``
+consecutive batch entries of one channel, and each plane belongs to
+``lanes`` (1 or 2) of its threads. Everything about the plane is known when
+the kernel is generated (``H``, ``W``, ``L``, ``K``), so every shared-memory
+address is the thread's slot plus a constant (one instruction), and every
+zero term of a padded border is dropped by the generator. What is left is
+the arithmetic of the correlations, their loads, and the Haar butterflies.
+
+A thread's work, with ``lanes`` 2 (``h`` = 0 or 1 is its half):
+
+1. The warp copies its planes of ``x`` and ``dy`` into the slots (coalesced:
+   a load instruction reads 32 consecutive elements of one plane), as
+   float32.
+2. Base taps and bias: ``dy`` correlated with ``x``, rows ``py = h, h + 2,
+   ...``; a row's ``W`` values of ``dy`` are loaded once and feed every tap.
+3. Per level ``j``: the thread turns its pyramid (``h`` 0: ``x``, 1: ``dy``)
+   into level ``j``'s four subbands *in place* (raw butterflies, no ``1/2``:
+   the four results of a 2 x 2 block go where its four values were, the LL
+   value on the top-left one, which is where level ``j + 1`` reads it).
+   Then it correlates the subbands ``k`` with ``k & 1 == h`` of both
+   pyramids. Warp barriers separate the phases.
+4. After each group of taps the thread's sums go through the warp's
+   transpose tile: lane ``i`` adds tap ``i`` of the batch over the 32 lanes
+   in lane order and writes it to the block's partial (deterministic). The
+   raw butterflies make level ``j``'s products ``4**j`` times the
+   operator's; the partial carries ``4**-(j-1)`` of that (exact powers of
+   two), the convention of the plane kernel's partials, so
+   ``wtconv_finalize`` unfolds them unchanged.
+
+With ``lanes`` 1 a thread does both halves' work. Odd grids need the
+butterfly results of their missing row or column somewhere: the slot's rows
+and columns are padded so that those land just outside the plane, where no
+other level's values live (:func:`lane_layout`).
+
+Bank conflicts: with ``lanes`` 2 the slot pitch is 2 mod 32 words and the
+two halves of a plane read addresses an odd distance apart (rows of an odd
+pitch, the two pyramids, level 1's subband columns), so a warp's 32 reads
+hit 32 banks; level ``j >= 2``'s subband columns are an even distance apart
+(two-way conflicts on a quarter of level 1's work). With ``lanes`` 1 the
+pitch is odd.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from .codegen import STORAGE, _Emitter, _load
+from .registers import grids
+
+#: Threads per block: one warp.
+THREADS = 32
+#: Taps per reduction batch by default (at most 32: lane ``i`` adds tap ``i``); the
+#: warp's transpose tile holds that many rows of 32 lanes' sums.
+TAP_BATCH = 32
+#: Global loads a thread issues before the shared stores that take them, when the
+#: block copies its planes (about 1 us of latency each; a warp per block).
+STAGE_AHEAD = 28
+
+
+class LaneSpec(NamedTuple):
+    """Compile-time parameters of one ``wtconv_lanes`` variant.
+
+    Attributes
+    ----------
+    kernel_size : int
+        Odd ``K``.
+    storage : str
+        ``"float32"``, ``"float16"`` or ``"bfloat16"`` (raw ``uint16`` bits).
+    height, width : int
+        Plane size ``H, W`` (the code is generated for it).
+    levels : int
+        Wavelet levels ``L >= 0``.
+    lanes : int
+        Threads per plane, 1 or 2; a block (one warp) holds ``32 / lanes``
+        planes, consecutive batch entries of one channel.
+    max_registers : int
+        Register cap handed to ptxas (``.maxnreg``); 0 leaves it free.
+    tap_batch : int
+        Taps per reduction batch, 1 to 32: the transpose tile's rows. A
+        smaller tile can let one more block share a multiprocessor.
+    """
+
+    kernel_size: int
+    storage: str
+    height: int
+    width: int
+    levels: int
+    lanes: int = 2
+    max_registers: int = 0
+    tap_batch: int = TAP_BATCH
+
+    @property
+    def threads(self) -> int:
+        """Threads per block (the compiler's ``.maxntid``)."""
+        return THREADS
+
+
+class LaneLayout(NamedTuple):
+    """Offsets (float32 words) in a ``wtconv_lanes`` block's shared buffer.
+
+    Attributes
+    ----------
+    rows, pitch : int
+        Rows of a pyramid's area and the words between two of its rows: the
+        plane's, padded where an odd grid's butterflies need a row or column
+        past it.
+    dy : int
+        Offset of the ``dy`` pyramid from the ``x`` pyramid within a slot
+        (odd with ``lanes`` 2).
+    slot : int
+        Words between two planes' slots.
+    tile : int
+        The warp's transpose tile: ``tap_batch`` rows of 33 words (tap ``i``
+        of lane ``m`` at ``tile + i * 33 + m``).
+    floats : int
+        Size of the buffer.
+    ntaps : int
+        ``K**2 (1 + 4 L) + 1``: base taps, bias, level taps.
+    """
+
+    rows: int
+    pitch: int
+    dy: int
+    slot: int
+    tile: int
+    floats: int
+    ntaps: int
+
+
+def planes_per_block(spec: LaneSpec) -> int:
+    """Planes a ``wtconv_lanes`` block holds: ``32 / lanes``."""
+    return THREADS // spec.lanes
+
+
+def lane_layout(spec: LaneSpec) -> LaneLayout:
+    """The shared-memory layout of a ``wtconv_lanes`` block.
+
+    Level ``j``'s butterflies write their four results over the four values
+    of grid ``j - 1`` they read; where that grid has an odd number of rows
+    (columns), the last block's missing row (column) lies ``2**(j-1)`` plane
+    rows (columns) past its last one, so the area is padded to reach it.
+
+    Parameters
+    ----------
+    spec : LaneSpec
+
+    Returns
+    -------
+    LaneLayout
+    """
+    _check(spec)
+    H, W, L, K = spec.height, spec.width, spec.levels, spec.kernel_size
+    sizes = grids(H, W, L)
+    rows, cols = H, W
+    for j in range(1, L + 1):
+        hp, wp = sizes[j - 1]
+        step = 1 << (j - 1)
+        if hp % 2:
+            rows = max(rows, hp * step + 1)
+        if wp % 2:
+            cols = max(cols, wp * step + 1)
+    if spec.lanes == 2:
+        pitch = cols | 1  # rows py and py + 1 (the two halves) on different banks
+        area = rows * pitch
+        dy = area | 1  # the two pyramids (the halves' butterflies) likewise
+        slot = dy + area
+        slot += (2 - slot) % 32  # 2 mod 32: the 16 planes on the even banks
+    else:
+        pitch = cols
+        dy = rows * pitch
+        slot = (2 * dy) | 1  # odd: 32 planes on 32 banks
+    planes = planes_per_block(spec)
+    tile = planes * slot
+    floats = tile + spec.tap_batch * (THREADS + 1)
+    ntaps = K * K * (1 + 4 * L) + 1
+    return LaneLayout(rows, pitch, dy, slot, tile, floats, ntaps)
+
+
+def shared_bytes(spec: LaneSpec) -> int:
+    """Dynamic shared memory of a ``wtconv_lanes`` block, in bytes."""
+    return 4 * lane_layout(spec).floats
+
+
+def _check(spec: LaneSpec) -> None:
+    K, L, H, W = spec.kernel_size, spec.levels, spec.height, spec.width
+    if K < 1 or K % 2 == 0:
+        raise ValueError(f"kernel_size must be odd and >= 1, got {K}")
+    if spec.storage not in STORAGE:
+        raise ValueError(f"storage must be one of {STORAGE}, got {spec.storage!r}")
+    if L < 0 or H < 1 or W < 1:
+        raise ValueError(f"need levels >= 0 and height, width >= 1, got {spec}")
+    if spec.lanes not in (1, 2):
+        raise ValueError(f"lanes must be 1 or 2, got {spec.lanes}")
+    if not 1 <= spec.tap_batch <= THREADS:
+        raise ValueError(f"tap_batch must be 1 to {THREADS}, got {spec.tap_batch}")
+
+
+class _Band(NamedTuple):
+    """A grid of values in a slot: element ``(qy, qx)`` at ``base + qy * rstep + qx * cstep``
+    (``base`` an expression: the pyramid's or the subband's offset)."""
+
+    rows: int
+    cols: int
+    rstep: int
+    cstep: int
+
+
+def lane_kernel_source(spec: LaneSpec) -> str:
+    """Python source of ``wtconv_lanes`` for ``spec``.
+
+    The kernel takes ``(dy, x, part, B, C)`` (see
+    :func:`wtconv_cuda.kernels.compiler.lane_signature`) and runs one warp
+    per block over ``B * C / planes`` blocks, ``planes =``
+    :func:`planes_per_block`; ``B`` must be a multiple of ``planes``. Block
+    ``u`` takes channel ``c = u // nchunks`` and batch entries ``(u %
+    nchunks) * planes ..`` (``nchunks = B / planes``) and writes their
+    summed weight-gradient taps to ``part[u * ntaps:]`` in the partial
+    format of ``wtconv_finalize`` (base taps, bias, level taps carrying two
+    factors 1/2).
+
+    Parameters
+    ----------
+    spec : LaneSpec
+        The variant to generate.
+
+    Returns
+    -------
+    str
+        Source of a function ``wtconv_lanes``.
+
+    Raises
+    ------
+    ValueError
+        An even kernel size, an unknown storage, ``lanes`` other than 1 or 2,
+        a ``tap_batch`` outside 1 to 32, or an empty plane.
+    """
+    lay = lane_layout(spec)
+    K, L, H, W = spec.kernel_size, spec.levels, spec.height, spec.width
+    N, lanes, K2 = planes_per_block(spec), spec.lanes, K * K
+    sizes = grids(H, W, L)
+    e = _Emitter()
+    e("def wtconv_lanes(dy, x, part, B, C):")
+    with e.indent():
+        e("S = cuda.shared.array(0, dtype=float32)",
+          "t = int64(cuda.threadIdx.x)",
+          "fz = float32(0.0)",
+          f"nchunks = B // {N}",
+          "blk = int64(cuda.blockIdx.x)",
+          "c = blk // nchunks",
+          f"b0 = (blk - c * nchunks) * {N}")
+        _emit_stage(e, spec, lay)
+        e("cuda.syncwarp()")
+        if lanes == 2:
+            e("h = t & 1", f"xs = (t >> 1) * {lay.slot}")
+        else:
+            e("h = int64(0)", f"xs = t * {lay.slot}")
+        e(f"gs = xs + {lay.dy}",
+          f"tile_in = {lay.tile} + t",
+          f"tile_out = {lay.tile} + t * {THREADS + 1}",
+          "pbase = blk * " + str(lay.ntaps))
+        batch = _Batches(e, spec.tap_batch)
+
+        # base taps and bias: dy correlated with x over the plane
+        plane = _Band(H, W, lay.pitch, 1)
+        _emit_correlation(e, K, plane, "gs", "xs", "h" if lanes == 2 else "0", lanes, bias=True)
+        for t in range(K2):
+            batch.add(f"acc_{t // K}_{t % K}", 1.0)
+        batch.add("bsum", 1.0)
+
+        for j in range(1, L + 1):
+            e("cuda.syncwarp()", f"# ---- level {j} ----")
+            _emit_transform(e, spec, lay, sizes, j)
+            e("cuda.syncwarp()")
+            step = 1 << (j - 1)
+            hj, wj = sizes[j]
+            band = _Band(hj, wj, 2 * step * lay.pitch, 2 * step)
+            scale = 4.0 ** -(j - 1)
+            if lanes == 2:
+                # subbands k = h + 2 e: column bit h, row bit e
+                for e_bit in (0, 1):
+                    off = f"h * {step} + {e_bit * step * lay.pitch}"
+                    _emit_correlation(e, K, band, f"gs + {off}", f"xs + {off}", "0", 1)
+                    for k in (2 * e_bit, 2 * e_bit + 1):
+                        mine = "h == 0" if k % 2 == 0 else "h == 1"
+                        for t in range(K2):
+                            batch.add(f"(acc_{t // K}_{t % K} if {mine} else fz)", scale)
+            else:
+                for k in range(4):
+                    off = (k >> 1) * step * lay.pitch + (k & 1) * step
+                    _emit_correlation(e, K, band, f"gs + {off}", f"xs + {off}", "0", 1)
+                    for t in range(K2):
+                        batch.add(f"acc_{t // K}_{t % K}", scale)
+        batch.flush()
+    return e.text()
+
+
+def _emit_stage(e: _Emitter, spec: LaneSpec, lay: LaneLayout) -> None:
+    """Copy the block's planes of ``x`` and ``dy`` into the slots as float32.
+
+    Plane ``n`` (batch entry ``b0 + n``) is ``H * W`` consecutive elements;
+    thread ``t`` copies elements ``t + 32 m`` of each, so a warp's load reads
+    32 consecutive elements. Their slot offsets (the plane's row pitch is
+    ``lay.pitch``) are formed once and serve every plane; `STAGE_AHEAD`
+    loads go out before their stores.
+    """
+    H, W, N = spec.height, spec.width, planes_per_block(spec)
+    HW = H * W
+    chunks = -(-HW // THREADS)
+    e(f"g0 = ((b0 * C + c) * {HW}) + t", f"gstep = C * {HW}")
+    for m in range(chunks):
+        e(f"px{m} = t + {m * THREADS}")
+        e(f"so{m} = px{m} + (px{m} // {W}) * {lay.pitch - W}" if lay.pitch != W else
+          f"so{m} = px{m}")
+    last_full = HW // THREADS  # chunks m < last_full are whole for every thread
+    items = [(n, m, arr) for n in range(N) for m in range(chunks) for arr in ("x", "dy")]
+    for first in range(0, len(items), STAGE_AHEAD):
+        group = items[first:first + STAGE_AHEAD]
+        planes = sorted({n for n, _, _ in group})
+        for n in planes:
+            e(f"gn{n} = g0 + {n} * gstep")
+        for n, m, arr in group:
+            value = _load(spec.storage, f"{arr}[gn{n} + {m * THREADS}]")
+            if m < last_full:
+                e(f"v_{arr}{n}_{m} = {value}")
+            else:
+                e(f"v_{arr}{n}_{m} = {value} if px{m} < {HW} else fz")
+        for n, m, arr in group:
+            off = n * lay.slot + (lay.dy if arr == "dy" else 0)
+            store = f"S[{off} + so{m}] = v_{arr}{n}_{m}"
+            if m < last_full:
+                e(store)
+            else:
+                e(f"if px{m} < {HW}:")
+                with e.indent():
+                    e(store)
+
+
+def _emit_correlation(e: _Emitter, K: int, band: _Band, gbase: str, ubase: str, start: str,
+                      step: int, bias: bool = False) -> None:
+    """``acc_a_b = sum over (qy, qx) of g[qy, qx] * u[qy + a - P, qx + b - P]`` on ``band``.
+
+    ``g`` is the band at ``gbase`` (``dy``'s), ``u`` at ``ubase`` (``x``'s);
+    rows ``qy = start, start + step, ...`` (a loop), columns unrolled. A
+    row's ``g`` values are loaded once; for each tap row ``a`` whose source
+    row exists (a warp-uniform test, dropped where it always holds or never
+    does) the source row is loaded and multiplied into the ``K`` tap
+    columns. Each sum adds its terms in row-major order of ``(qy, qx)``.
+    ``bias`` also sums ``g`` into ``bsum``.
+    """
+    P = (K - 1) // 2
+    rows, cols = band.rows, band.cols
+    names = [f"acc_{a}_{b}" for a in range(K) for b in range(K)]
+    e(", ".join(names) + " = " + ", ".join("fz" for _ in names))
+    if bias:
+        e("bsum = fz")
+    e(f"qy = int64({start})", f"while qy < {rows}:")
+    with e.indent():
+        e(f"gr = {gbase} + qy * {band.rstep}", f"ur = {ubase} + qy * {band.rstep}")
+        for qx in range(cols):
+            e(f"g_{qx} = S[gr + {qx * band.cstep}]")
+        if bias:
+            e(*(f"bsum += g_{qx}" for qx in range(cols)))
+        for a in range(K):
+            d = a - P
+            if d >= rows or -d >= rows:
+                continue  # no row of the band has this source row
+            tests = []
+            if d < 0:
+                tests.append(f"qy >= {-d}")
+            if d > 0:
+                tests.append(f"qy < {rows - d}")
+            if tests:
+                e(f"if {' and '.join(tests)}:")
+            with e.indent() if tests else _Same():
+                used = sorted({qx + b - P for qx in range(cols) for b in range(K)
+                               if 0 <= qx + b - P < cols})
+                for col in used:
+                    e(f"u_{col} = S[{_plus('ur', d * band.rstep + col * band.cstep)}]")
+                for qx in range(cols):
+                    for b in range(K):
+                        col = qx + b - P
+                        if 0 <= col < cols:
+                            e(f"acc_{a}_{b} += g_{qx} * u_{col}")
+        e(f"qy += {step}")
+
+
+def _plus(base: str, offset: int) -> str:
+    """``base`` plus a constant, written with its sign."""
+    return f"{base} - {-offset}" if offset < 0 else f"{base} + {offset}"
+
+
+class _Same:
+    """A context that changes nothing (no indent)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+def _emit_transform(e: _Emitter, spec: LaneSpec, lay: LaneLayout, sizes: list, j: int) -> None:
+    """Level ``j``'s raw butterflies, in place over grid ``j - 1`` of the pyramids.
+
+    Grid ``j - 1``'s element ``(r, c)`` lies at ``r * s * pitch + c * s``
+    (``s = 2**(j-1)``). The butterfly of block ``(qy, qx)`` reads its four
+    elements ``(2 qy + dr, 2 qx + dc)`` (a missing one, past an odd grid, is
+    an exact zero and drops out) and writes subband ``k = 2 dr + dc`` (LL,
+    LH, HL, HH) where element ``(dr, dc)`` was. With ``lanes`` 2 thread half
+    ``h`` transforms pyramid ``h`` (``x``, then ``dy``); with 1 the thread
+    transforms both, block by block. Rows of blocks run in a loop; a last
+    row with a missing lower half is emitted after it.
+    """
+    hp, wp = sizes[j - 1]
+    hj, wj = sizes[j]
+    s = 1 << (j - 1)
+    rstep = 2 * s * lay.pitch
+    bases = ["xs + h * " + str(lay.dy)] if spec.lanes == 2 else ["xs", "gs"]
+    full = hp // 2  # rows of blocks with both halves
+
+    def row(r: str, lower: bool) -> None:
+        for n, base in enumerate(bases):
+            e(f"tr{n} = {base} + {r} * {rstep}")
+        for qx in range(wj):
+            right = 2 * qx + 1 < wp
+            for n in range(len(bases)):
+                at = {(dr, dc): f"tr{n} + {dr * s * lay.pitch + (2 * qx + dc) * s}"
+                      for dr in (0, 1) for dc in (0, 1)}
+                have = {(0, 0): True, (0, 1): right, (1, 0): lower, (1, 1): lower and right}
+                v = {}
+                for key, ok in have.items():
+                    if ok:
+                        v[key] = f"w{n}_{key[0]}{key[1]}"
+                        e(f"{v[key]} = S[{at[key]}]")
+                top_s = _combine(v.get((0, 0)), v.get((0, 1)), "+")
+                top_m = _combine(v.get((0, 0)), v.get((0, 1)), "-")
+                bot_s = _combine(v.get((1, 0)), v.get((1, 1)), "+")
+                bot_m = _combine(v.get((1, 0)), v.get((1, 1)), "-")
+                e(f"ts{n} = {top_s}", f"tm{n} = {top_m}")
+                outs = [("ts", bot_s, "+"), ("ts", bot_s, "-"), ("tm", bot_m, "+"),
+                        ("tm", bot_m, "-")]
+                if bot_s is not None:
+                    e(f"bs{n} = {bot_s}", f"bm{n} = {bot_m}")
+                for k, (top, bot, op) in enumerate(outs):
+                    b_name = None if bot is None else f"b{'s' if top == 'ts' else 'm'}{n}"
+                    value = _combine(f"{top}{n}", b_name, op)
+                    e(f"S[{at[(k >> 1, k & 1)]}] = {value}")
+
+    if full:
+        e("qb = int64(0)", f"while qb < {full}:")
+        with e.indent():
+            row("qb", True)
+            e("qb += 1")
+    if hp % 2:
+        row(str(full), False)
+
+
+def _combine(a, b, op: str):
+    """``a op b`` where ``None`` is an exact zero (``None`` if both are)."""
+    if a is None and b is None:
+        return None
+    if b is None:
+        return a
+    if a is None:
+        return f"-{b}" if op == "-" else b
+    return f"{a} {op} {b}"
+
+
+class _Batches:
+    """Per-thread tap sums into the warp's transpose tile; every ``size`` taps lane ``i``
+    adds tap ``i`` of the batch over the 32 lanes in lane order, scales it (an exact
+    power of two) and writes it to the block's partial."""
+
+    def __init__(self, e: _Emitter, size: int) -> None:
+        self.e, self.size = e, size
+        self.first = 0
+        self.scales: list[float] = []
+
+    def add(self, value: str, scale: float) -> None:
+        """Store this thread's sum of the next tap; ``scale`` multiplies the warp's sum."""
+        self.e(f"S[tile_in + {len(self.scales) * (THREADS + 1)}] = {value}")
+        self.scales.append(scale)
+        if len(self.scales) == self.size:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.scales:
+            return
+        e, count = self.e, len(self.scales)
+        e("cuda.syncwarp()", f"if t < {count}:")
+        with e.indent():
+            terms = " + ".join(f"S[tile_out + {m}]" for m in range(THREADS))
+            e(f"wsum = {terms}")
+            e(f"sc = float32({self.scales[0]!r})")
+            for i in range(1, count):
+                if self.scales[i] != self.scales[i - 1]:
+                    e(f"if t >= {i}:", f"    sc = float32({self.scales[i]!r})")
+            e(f"part[pbase + {self.first} + t] = wsum * sc")
+        e("cuda.syncwarp()")
+        self.first += count
+        self.scales = []
