@@ -26,8 +26,8 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 
 from wtconv_cuda import reference  # noqa: E402
 from wtconv_cuda.kernels.launch import (  # noqa: E402
-    DX_INNER, CupyBackend, DxForward, Problem, Tuning, Weights, dx_forward_plan, plan_plane,
-    plan_registers, plan_split, plan_tiles, run_backward, run_forward,
+    DX_INNER, CupyBackend, DxForward, Problem, Tuning, Weights, dx_forward_plan, plan_lanes,
+    plan_plane, plan_registers, plan_split, plan_tiles, run_backward, run_forward,
 )
 from wtconv_cuda.weights import WTConvWeights  # noqa: E402
 
@@ -492,6 +492,26 @@ def test_register_backward_matches_oracle(shape, levels, k, stride, storage, bia
     problem = Problem(*shape, k, levels, stride, storage, bias)
     assert plan_registers(problem, backend().shared_limit, tuning, True) is not None
     run_case(shape, levels, k, stride, storage, bias=bias, tuning=tuning)
+
+
+#: The lane kernel's weight gradients (dx from the forward kernels), forced: one and two
+#: threads per plane, the 14 x 14 stage's plane, odd planes whose grids need the
+#: padded row and column, every level count up to a 1 x 1 grid, several chunks per
+#: channel, 16-bit storage.
+LANE_CASES = [((64, 6, 14, 14), 3, 5, lanes, s) for lanes in (1, 2) for s in DTYPES]
+LANE_CASES += [((32, 5, 13, 11), L, k, 2, "float32") for L in (0, 1, 2, 4) for k in (3, 5)]
+LANE_CASES += [((48, 3, 9, 15), 3, 7, 2, "float16"), ((32, 3, 7, 7), 2, 5, 1, "bfloat16"),
+               ((16, 2, 16, 16), 4, 9, 2, "float32"), ((32, 2, 1, 9), 3, 3, 1, "float32")]
+LANE_CASES = [c for c in LANE_CASES if c[2] in KERNEL_SIZES]
+
+
+@pytest.mark.parametrize("shape,levels,k,lanes,storage", LANE_CASES)
+def test_lane_kernel_matches_oracle(shape, levels, k, lanes, storage):
+    tuning = Tuning(lanes=lanes, dx_forward=True)
+    problem = Problem(*shape, k, levels, 1, storage, True)
+    limits = (backend().shared_limit, backend().max_slots)
+    assert plan_lanes(problem, *limits, tuning) is not None
+    run_case(shape, levels, k, 1, storage, tuning=tuning)
 
 
 @pytest.mark.parametrize("shape", [(2, 3, 17, 23), (3, 5, 33, 31)])

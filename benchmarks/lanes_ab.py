@@ -1,0 +1,137 @@
+"""A/B of the lane kernel for a backward's weight gradients, through the CuPy path.
+
+Where ``dx`` comes from the forward kernels, the weight gradients run on the
+plane kernel's ``weights_only`` variant unless the planner takes the lane
+kernel (:mod:`wtconv_cuda.kernels.lanes`; ``LANES_MAX_PIXELS`` and
+``LANES_DEFAULT`` in :mod:`wtconv_cuda.kernels.launch`). For each shape and
+dtype this script alternates the settings ``plane`` (no lane kernel) and
+``lanes1`` / ``lanes2`` (one or two threads a plane, for planes of up to
+``LANES_FORCE_MAX_PIXELS``) for ``--rounds`` rounds, plan and program caches
+cleared at every switch, kernels compiled beforehand, and prints in us the
+median over ``--repeats`` calls with rotating inputs of ``fwd b2b`` (forwards
+back to back, per call), ``step`` (events around one forward and backward
+after the GPU went idle) and ``step b2b`` (back to back, per step), and
+``bwd`` = ``step b2b - fwd b2b``. Every setting's ``dx`` and gradients are
+compared with the ``plane`` setting's first. Inputs are random normal, never
+zeros.
+
+    python benchmarks/lanes_ab.py --shapes 64x384x14x14:3 32x384x14x14:3 \\
+        64x768x7x7:2 --dtypes fp32 bf16 --json lanes_ab.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import cupy
+
+import wtconv_cuda as wt
+from wtconv_cuda import gpu
+from wtconv_cuda.kernels import launch
+from wtconv_cuda.kernels.compiler import distinct, parse_compute_capability
+from wtconv_cuda.kernels.launch import Problem, planned_specs
+from wtconv_cuda.kernels.warmup import compile_all
+
+from split_threshold import DTYPES, back_to_back_us, event_us, make_inputs, parse_shape
+
+#: setting -> (LANES_MAX_PIXELS, LANES_DEFAULT)
+SETTINGS = {"plane": (0, 2), "lanes1": (launch.LANES_FORCE_MAX_PIXELS, 1),
+            "lanes2": (launch.LANES_FORCE_MAX_PIXELS, 2)}
+
+
+def use(setting: str) -> None:
+    """Switch the planner's lane rule and forget every plan and recorded program."""
+    launch.LANES_MAX_PIXELS, launch.LANES_DEFAULT = SETTINGS[setting]
+    launch.clear_plan_caches()
+    gpu._program.cache_clear()
+
+
+def gradients(step, inputs) -> list:
+    """``dx`` and every weight gradient of one step, as float64 CuPy arrays."""
+    dx, dw = step(*inputs)
+    return [dx.astype(cupy.float64)] + [a.astype(cupy.float64) for a in dw if a is not None]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", nargs="+", required=True, help="BxCxHxW:L, stride 1")
+    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    parser.add_argument("--dtypes", nargs="+", default=["fp32"], choices=list(DTYPES))
+    parser.add_argument("--kernel-size", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--jobs", type=int, default=8, help="compile processes")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    settings = ["plane"] + [s for s in args.settings if s != "plane"]
+    backend = gpu._backend(0)
+    cc = parse_compute_capability(cupy.cuda.Device(0).compute_capability)
+    saved = launch.LANES_MAX_PIXELS, launch.LANES_DEFAULT
+    rows = []
+    try:
+        for text in args.shapes:
+            shape, levels = parse_shape(text)
+            for dtype_name in args.dtypes:
+                storage = DTYPES[dtype_name]
+                problem = Problem(*shape, args.kernel_size, levels, 1, storage, True)
+                specs = []
+                for setting in settings:
+                    use(setting)
+                    plan = planned_specs(problem, True, backend.shared_limit, backend.max_slots)
+                    specs += plan + planned_specs(problem, False, backend.shared_limit,
+                                                  backend.max_slots)
+                    print(f"{text} {dtype_name} {setting} backward: "
+                          + ", ".join(type(s).__name__ for s in plan), flush=True)
+                compile_all(distinct(specs), cc, args.jobs)
+                inputs, _held = make_inputs(shape, levels, args.kernel_size, storage)
+
+                def fwd(x, w, dy):
+                    return wt.forward(x, w, levels=levels)
+
+                def step(x, w, dy):
+                    tape = wt.Tape()
+                    wt.forward(x, w, levels=levels, tape=tape)
+                    return tape.backward(dy)
+
+                ref = None
+                for setting in settings:
+                    use(setting)
+                    got = gradients(step, inputs[0])
+                    ref = got if ref is None else ref
+                    diff = max(float(cupy.abs(a - b).max() / cupy.abs(b).max())
+                               for a, b in zip(got, ref))
+                    print(f"{text} {dtype_name} {setting}: max over dx and the gradients of "
+                          f"max |g - g_plane| / max |g_plane| {diff:.2e}", flush=True)
+                del ref, got
+                results = {s: {"fwd b2b": [], "step": [], "step b2b": [], "bwd": []}
+                           for s in settings}
+                for _ in range(args.rounds):
+                    for setting in settings:
+                        use(setting)
+                        for fn in (fwd, step):  # warm: programs recorded, buffers pooled
+                            for i in range(3):
+                                fn(*inputs[i])
+                        r = results[setting]
+                        r["fwd b2b"].append(back_to_back_us(fwd, inputs, args.repeats))
+                        r["step"].append(event_us(step, inputs, args.repeats))
+                        r["step b2b"].append(back_to_back_us(step, inputs, args.repeats))
+                        r["bwd"].append(r["step b2b"][-1] - r["fwd b2b"][-1])
+                for setting in settings:
+                    cells = "  ".join(f"{name} " + "/".join(f"{v:.1f}" for v in values)
+                                      for name, values in results[setting].items())
+                    print(f"{text} {dtype_name} {setting}: {cells}", flush=True)
+                    rows.append({"shape": text, "dtype": dtype_name, "setting": setting,
+                                 **results[setting]})
+    finally:
+        launch.LANES_MAX_PIXELS, launch.LANES_DEFAULT = saved
+        launch.clear_plan_caches()
+        gpu._program.cache_clear()
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"rows": rows}, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
