@@ -123,12 +123,15 @@ def test_two_lanes_read_32_banks(height, width, levels):
 
 def test_tap_batch_fits_a_seventh_block():
     """At the 14 x 14 stage a 26-tap tile lets seven one-warp blocks share an H200
-    multiprocessor (228 KB, 1 KB reserved per block); 32 taps fit six."""
-    spec = lane_spec_fitted(LaneSpec(5, "float32", 14, 14, 3, 2), LIMIT)
+    multiprocessor (228 KB, 1 KB reserved per block); 27 or more taps fit six."""
+    spec = lane_spec_fitted(LaneSpec(5, "float32", 14, 14, 3, 2))
     assert spec.tap_batch == 26
     capacity = 228 * 1024
     assert capacity // (shared_bytes(spec) + 1024) == 7
-    assert capacity // (shared_bytes(spec._replace(tap_batch=32)) + 1024) == 6
+    assert capacity // (shared_bytes(spec._replace(tap_batch=27)) + 1024) == 6
+    # the H200's backend limit (opt-in 227 KB less 1 KB of static allowance) takes it
+    stage = Problem(64, 384, 14, 14, 5, 3, 1, "float32", True)
+    assert plan_lanes(stage, 227 * 1024 - 1024, SLOTS, Tuning(lanes=2)).spec == spec
 
 
 def test_planner_rules(monkeypatch):

@@ -967,24 +967,24 @@ LANES_DEFAULT = 2
 LANES_FORCE_MAX_PIXELS = 1024
 
 
-#: Shared memory a multiprocessor sets aside per resident block (bytes; Hopper).
+#: Shared memory of a multiprocessor (bytes; Hopper: 228 KB) and what it sets
+#: aside per resident block.
+SM_SHARED_BYTES = 228 * 1024
 BLOCK_RESERVED_SHARED = 1024
 
 
-def lane_spec_fitted(spec: LaneSpec, shared_limit: int) -> LaneSpec:
+def lane_spec_fitted(spec: LaneSpec) -> LaneSpec:
     """``spec`` with the ``tap_batch`` (16 to 32) that lets the most blocks share a
     multiprocessor, the largest of those.
 
-    A multiprocessor's shared memory is taken as ``shared_limit +``
-    `BLOCK_RESERVED_SHARED` bytes (the H200's 228 KB), each block costing its
-    buffer plus `BLOCK_RESERVED_SHARED`. At 14 x 14, L 3, two lanes per plane,
-    a 26-tap tile fits seven blocks where the 32-tap one fits six.
+    A multiprocessor holds `SM_SHARED_BYTES`, each block costing its buffer
+    plus `BLOCK_RESERVED_SHARED` (Hopper's figures; elsewhere the choice only
+    sizes the tile). At 14 x 14, L 3, two lanes per plane, a 26-tap tile fits
+    seven blocks where the 32-tap one fits six.
     """
-    capacity = shared_limit + BLOCK_RESERVED_SHARED
-
     def blocks(batch: int) -> int:
-        return capacity // (lane_shared_bytes(spec._replace(tap_batch=batch))
-                            + BLOCK_RESERVED_SHARED)
+        return SM_SHARED_BYTES // (lane_shared_bytes(spec._replace(tap_batch=batch))
+                                   + BLOCK_RESERVED_SHARED)
 
     best = max(range(32, 15, -1), key=blocks)  # the first (largest) of the most blocks
     return spec._replace(tap_batch=best)
@@ -1054,7 +1054,7 @@ def plan_lanes(problem: Problem, shared_limit: int, max_slots: int, tuning: Tuni
     if not lanes or p.stride != 1:
         return None
     spec = lane_spec_fitted(LaneSpec(p.kernel_size, p.storage, p.height, p.width, p.levels,
-                                     lanes, tuning.max_registers or 0), shared_limit)
+                                     lanes, tuning.max_registers or 0))
     planes = lane_planes(spec)
     if p.batch % planes:
         return None
