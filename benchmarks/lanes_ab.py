@@ -17,6 +17,9 @@ zeros.
 
     python benchmarks/lanes_ab.py --shapes 64x384x14x14:3 32x384x14x14:3 \\
         64x768x7x7:2 --dtypes fp32 bf16 --json lanes_ab.json
+
+``--compile-only`` compiles the variants it would launch, for the H200's
+limits, without a GPU (``scripts/build_ptx_cache.sh lanes`` carries them).
 """
 
 from __future__ import annotations
@@ -24,31 +27,53 @@ from __future__ import annotations
 import argparse
 import json
 
-import cupy
-
-import wtconv_cuda as wt
-from wtconv_cuda import gpu
 from wtconv_cuda.kernels import launch
-from wtconv_cuda.kernels.compiler import distinct, parse_compute_capability
+from wtconv_cuda.kernels.compiler import distinct
 from wtconv_cuda.kernels.launch import Problem, planned_specs
 from wtconv_cuda.kernels.warmup import compile_all
 
-from split_threshold import DTYPES, back_to_back_us, event_us, make_inputs, parse_shape
-
+#: The dtypes wtconv_cuda.forward takes on CuPy arrays (as split_threshold.py names them).
+DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 #: setting -> (LANES_MAX_PIXELS, LANES_DEFAULT)
 SETTINGS = {"plane": (0, 2), "lanes1": (launch.LANES_FORCE_MAX_PIXELS, 1),
             "lanes2": (launch.LANES_FORCE_MAX_PIXELS, 2)}
+#: The H200 backend's limits (CupyBackend: opt-in shared memory less 1 KB, two slots
+#: per multiprocessor), for --compile-only.
+H200_LIMITS = (227 * 1024 - 1024, 2 * 132)
 
 
 def use(setting: str) -> None:
-    """Switch the planner's lane rule and forget every plan and recorded program."""
+    """Switch the planner's lane rule and forget every plan (and recorded program)."""
     launch.LANES_MAX_PIXELS, launch.LANES_DEFAULT = SETTINGS[setting]
     launch.clear_plan_caches()
-    gpu._program.cache_clear()
+    try:
+        from wtconv_cuda import gpu
+        gpu._program.cache_clear()
+    except ImportError:  # no CuPy: nothing recorded
+        pass
+
+
+def parse_shape(text: str):
+    """``BxCxHxW:L`` as ``((B, C, H, W), L)``."""
+    dims, levels = text.split(":")
+    return tuple(int(v) for v in dims.split("x")), int(levels)
+
+
+def variants(problem: Problem, settings, limits, log=None) -> list:
+    """The specs a forward and a backward of ``problem`` launch under each setting."""
+    specs = []
+    for setting in settings:
+        use(setting)
+        backward = planned_specs(problem, True, *limits)
+        specs += backward + planned_specs(problem, False, *limits)
+        if log:
+            log(f"{setting} backward: " + ", ".join(type(s).__name__ for s in backward))
+    return distinct(specs)
 
 
 def gradients(step, inputs) -> list:
     """``dx`` and every weight gradient of one step, as float64 CuPy arrays."""
+    import cupy
     dx, dw = step(*inputs)
     return [dx.astype(cupy.float64)] + [a.astype(cupy.float64) for a in dw if a is not None]
 
@@ -63,74 +88,99 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--jobs", type=int, default=8, help="compile processes")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--compile-only", action="store_true",
+                        help="compile the variants for sm_90 and the H200's limits, then stop")
     args = parser.parse_args(argv)
     settings = ["plane"] + [s for s in args.settings if s != "plane"]
+    problems = []
+    for text in args.shapes:
+        shape, levels = parse_shape(text)
+        problems += [(text, dtype_name, Problem(*shape, args.kernel_size, levels, 1,
+                                                DTYPES[dtype_name], True))
+                     for dtype_name in args.dtypes]
+    saved = launch.LANES_MAX_PIXELS, launch.LANES_DEFAULT
+    if args.compile_only:
+        try:
+            specs = distinct([s for _, _, p in problems
+                              for s in variants(p, settings, H200_LIMITS)])
+        finally:
+            use("plane")
+            launch.LANES_MAX_PIXELS, launch.LANES_DEFAULT = saved
+        compile_all(specs, (9, 0), args.jobs)
+        print(f"compiled {len(specs)} variants")
+        return 0
+
+    import cupy
+
+    from wtconv_cuda import gpu
+    from wtconv_cuda.kernels.compiler import parse_compute_capability
+
     backend = gpu._backend(0)
     cc = parse_compute_capability(cupy.cuda.Device(0).compute_capability)
-    saved = launch.LANES_MAX_PIXELS, launch.LANES_DEFAULT
     rows = []
     try:
-        for text in args.shapes:
-            shape, levels = parse_shape(text)
-            for dtype_name in args.dtypes:
-                storage = DTYPES[dtype_name]
-                problem = Problem(*shape, args.kernel_size, levels, 1, storage, True)
-                specs = []
-                for setting in settings:
-                    use(setting)
-                    plan = planned_specs(problem, True, backend.shared_limit, backend.max_slots)
-                    specs += plan + planned_specs(problem, False, backend.shared_limit,
-                                                  backend.max_slots)
-                    print(f"{text} {dtype_name} {setting} backward: "
-                          + ", ".join(type(s).__name__ for s in plan), flush=True)
-                compile_all(distinct(specs), cc, args.jobs)
-                inputs, _held = make_inputs(shape, levels, args.kernel_size, storage)
-
-                def fwd(x, w, dy):
-                    return wt.forward(x, w, levels=levels)
-
-                def step(x, w, dy):
-                    tape = wt.Tape()
-                    wt.forward(x, w, levels=levels, tape=tape)
-                    return tape.backward(dy)
-
-                ref = None
-                for setting in settings:
-                    use(setting)
-                    got = gradients(step, inputs[0])
-                    ref = got if ref is None else ref
-                    diff = max(float(cupy.abs(a - b).max() / cupy.abs(b).max())
-                               for a, b in zip(got, ref))
-                    print(f"{text} {dtype_name} {setting}: max over dx and the gradients of "
-                          f"max |g - g_plane| / max |g_plane| {diff:.2e}", flush=True)
-                del ref, got
-                results = {s: {"fwd b2b": [], "step": [], "step b2b": [], "bwd": []}
-                           for s in settings}
-                for _ in range(args.rounds):
-                    for setting in settings:
-                        use(setting)
-                        for fn in (fwd, step):  # warm: programs recorded, buffers pooled
-                            for i in range(3):
-                                fn(*inputs[i])
-                        r = results[setting]
-                        r["fwd b2b"].append(back_to_back_us(fwd, inputs, args.repeats))
-                        r["step"].append(event_us(step, inputs, args.repeats))
-                        r["step b2b"].append(back_to_back_us(step, inputs, args.repeats))
-                        r["bwd"].append(r["step b2b"][-1] - r["fwd b2b"][-1])
-                for setting in settings:
-                    cells = "  ".join(f"{name} " + "/".join(f"{v:.1f}" for v in values)
-                                      for name, values in results[setting].items())
-                    print(f"{text} {dtype_name} {setting}: {cells}", flush=True)
-                    rows.append({"shape": text, "dtype": dtype_name, "setting": setting,
-                                 **results[setting]})
+        for text, dtype_name, problem in problems:
+            rows += measure(f"{text} {dtype_name}", problem, settings, args,
+                            (backend.shared_limit, backend.max_slots), cc)
     finally:
+        use("plane")
         launch.LANES_MAX_PIXELS, launch.LANES_DEFAULT = saved
         launch.clear_plan_caches()
-        gpu._program.cache_clear()
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"rows": rows}, handle, indent=1)
     return 0
+
+
+def measure(name: str, problem: Problem, settings: list, args, limits, cc) -> list:
+    """Compile, compare and time one problem under every setting; its JSON rows."""
+    import cupy
+
+    import wtconv_cuda as wt
+    from split_threshold import back_to_back_us, event_us, make_inputs
+
+    levels = problem.levels
+    compile_all(variants(problem, settings, limits,
+                         lambda line: print(f"{name} {line}", flush=True)), cc, args.jobs)
+    inputs, _held = make_inputs(tuple(problem[:4]), levels, problem.kernel_size,
+                                problem.storage)
+
+    def fwd(x, w, dy):
+        return wt.forward(x, w, levels=levels)
+
+    def step(x, w, dy):
+        tape = wt.Tape()
+        wt.forward(x, w, levels=levels, tape=tape)
+        return tape.backward(dy)
+
+    ref = None
+    for setting in settings:
+        use(setting)
+        got = gradients(step, inputs[0])
+        ref = got if ref is None else ref
+        diff = max(float(cupy.abs(a - b).max() / cupy.abs(b).max()) for a, b in zip(got, ref))
+        print(f"{name} {setting}: max over dx and the gradients of "
+              f"max |g - g_plane| / max |g_plane| {diff:.2e}", flush=True)
+    del ref, got
+    results = {s: {"fwd b2b": [], "step": [], "step b2b": [], "bwd": []} for s in settings}
+    for _ in range(args.rounds):
+        for setting in settings:
+            use(setting)
+            for fn in (fwd, step):  # warm: programs recorded, buffers pooled
+                for i in range(3):
+                    fn(*inputs[i])
+            r = results[setting]
+            r["fwd b2b"].append(back_to_back_us(fwd, inputs, args.repeats))
+            r["step"].append(event_us(step, inputs, args.repeats))
+            r["step b2b"].append(back_to_back_us(step, inputs, args.repeats))
+            r["bwd"].append(r["step b2b"][-1] - r["fwd b2b"][-1])
+    rows = []
+    for setting in settings:
+        cells = "  ".join(f"{key} " + "/".join(f"{v:.1f}" for v in values)
+                          for key, values in results[setting].items())
+        print(f"{name} {setting}: {cells}", flush=True)
+        rows.append({"problem": name, "setting": setting, **results[setting]})
+    return rows
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 # Compile kernel variants to PTX on a CPU machine, for a device call to carry.
 #
 #   bash scripts/build_ptx_cache.sh K [K ...]
+#   bash scripts/build_ptx_cache.sh lanes    (the device_check.sh lanes phase's A/B)
 #
 # A fresh device machine starts with an empty kernel cache, and compiling the
 # oracle sweep's variants of one kernel size there takes most of a 10-minute
@@ -44,10 +45,17 @@ for k in "$@"; do
   work=.ptxcache/K$k  # kept until packed: an interrupted build resumes where it stopped
   mkdir -p "$work"
   echo "== K $k: compiling into $work"
-  # shellcheck disable=SC2086  # planes is a list
-  env -u NUMBA_ENABLE_CUDASIM WTCONV_CUDA_CACHE="$PWD/$work" PYTHONPATH="$PWD" \
-    "$venv/bin/python" -m wtconv_cuda.kernels.warmup --kernel-sizes "$k" --strides 1 2 \
-    --jobs "$jobs" --cc 9.0 --planes $planes | tail -n 2
+  if [ "$k" = lanes ]; then  # the lanes phase's A/B (its default shapes, fp32 and bf16)
+    # shellcheck disable=SC2086  # LANES_SHAPES is a list of shapes
+    env -u NUMBA_ENABLE_CUDASIM WTCONV_CUDA_CACHE="$PWD/$work" PYTHONPATH="$PWD" \
+      "$venv/bin/python" benchmarks/lanes_ab.py --compile-only --jobs "$jobs" --dtypes fp32 bf16 \
+      --shapes ${LANES_SHAPES:-64x384x14x14:3 32x384x14x14:3 64x192x28x28:4} | tail -n 2
+  else
+    # shellcheck disable=SC2086  # planes is a list
+    env -u NUMBA_ENABLE_CUDASIM WTCONV_CUDA_CACHE="$PWD/$work" PYTHONPATH="$PWD" \
+      "$venv/bin/python" -m wtconv_cuda.kernels.warmup --kernel-sizes "$k" --strides 1 2 \
+      --jobs "$jobs" --cc 9.0 --planes $planes | tail -n 2
+  fi
   grep -L "^\.version 9\.0$" "$work"/*.ptx | head -n 1 | grep -q . \
     && { echo "PTX other than ISA 9.0 in $work: wrong NVVM" >&2; exit 1; }
   tar -C "$work" -cJf ".ptxcache/ptx-K$k.tar.xz" .
