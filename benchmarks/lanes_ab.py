@@ -4,14 +4,16 @@ Where ``dx`` comes from the forward kernels, the weight gradients run on the
 plane kernel's ``weights_only`` variant unless the planner takes the lane
 kernel (:mod:`wtconv_cuda.kernels.lanes`; ``LANES_MAX_PIXELS`` and
 ``LANES_DEFAULT`` in :mod:`wtconv_cuda.kernels.launch`). For each shape and
-dtype this script alternates the settings ``plane`` (no lane kernel) and
-``lanes1`` / ``lanes2`` (one or two threads a plane, for planes of up to
-``LANES_FORCE_MAX_PIXELS``) for ``--rounds`` rounds, plan and program caches
+dtype this script alternates the settings ``plane`` (no lane kernel),
+``lanes1`` / ``lanes2`` (the weight gradients on the lane kernel, one or two
+threads a plane, for planes of up to ``LANES_FORCE_MAX_PIXELS``) and ``all1``
+/ ``all2`` (the forward and the backward's ``dx`` forward on its forward
+too, ``LANES_FORWARD_MAX_PIXELS``) for ``--rounds`` rounds, plan and program caches
 cleared at every switch, kernels compiled beforehand, and prints in us the
 median over ``--repeats`` calls with rotating inputs of ``fwd b2b`` (forwards
 back to back, per call), ``step`` (events around one forward and backward
 after the GPU went idle) and ``step b2b`` (back to back, per step), and
-``bwd`` = ``step b2b - fwd b2b``. Every setting's ``dx`` and gradients are
+``bwd`` = ``step b2b - fwd b2b``. Every setting's ``y``, ``dx`` and gradients are
 compared with the ``plane`` setting's first. Inputs are random normal, never
 zeros.
 
@@ -34,9 +36,12 @@ from wtconv_cuda.kernels.warmup import compile_all
 
 #: The dtypes wtconv_cuda.forward takes on CuPy arrays (as split_threshold.py names them).
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
-#: setting -> (LANES_MAX_PIXELS, LANES_DEFAULT)
-SETTINGS = {"plane": (0, 2), "lanes1": (launch.LANES_FORCE_MAX_PIXELS, 1),
-            "lanes2": (launch.LANES_FORCE_MAX_PIXELS, 2)}
+#: setting -> (LANES_MAX_PIXELS, LANES_DEFAULT, LANES_FORWARD_MAX_PIXELS): the weight
+#: gradients on the lane kernel (lanes1, lanes2), and the forwards too (all1, all2).
+_ALL = launch.LANES_FORCE_MAX_PIXELS
+SETTINGS = {"plane": (0, 2, 0), "lanes1": (_ALL, 1, 0), "lanes2": (_ALL, 2, 0),
+            "all1": (_ALL, 1, _ALL), "all2": (_ALL, 2, _ALL)}
+_RULES = ("LANES_MAX_PIXELS", "LANES_DEFAULT", "LANES_FORWARD_MAX_PIXELS")
 #: The H200 backend's limits (CupyBackend: opt-in shared memory less 1 KB, two slots
 #: per multiprocessor), for --compile-only.
 H200_LIMITS = (227 * 1024 - 1024, 2 * 132)
@@ -44,7 +49,8 @@ H200_LIMITS = (227 * 1024 - 1024, 2 * 132)
 
 def use(setting: str) -> None:
     """Switch the planner's lane rule and forget every plan (and recorded program)."""
-    launch.LANES_MAX_PIXELS, launch.LANES_DEFAULT = SETTINGS[setting]
+    for name, value in zip(_RULES, SETTINGS[setting]):
+        setattr(launch, name, value)
     launch.clear_plan_caches()
     try:
         from wtconv_cuda import gpu
@@ -98,14 +104,15 @@ def main(argv=None) -> int:
         problems += [(text, dtype_name, Problem(*shape, args.kernel_size, levels, 1,
                                                 DTYPES[dtype_name], True))
                      for dtype_name in args.dtypes]
-    saved = launch.LANES_MAX_PIXELS, launch.LANES_DEFAULT
+    saved = {name: getattr(launch, name) for name in _RULES}
     if args.compile_only:
         try:
             specs = distinct([s for _, _, p in problems
                               for s in variants(p, settings, H200_LIMITS)])
         finally:
             use("plane")
-            launch.LANES_MAX_PIXELS, launch.LANES_DEFAULT = saved
+            for name, value in saved.items():
+                setattr(launch, name, value)
         compile_all(specs, (9, 0), args.jobs)
         print(f"compiled {len(specs)} variants")
         return 0
@@ -124,7 +131,8 @@ def main(argv=None) -> int:
                             (backend.shared_limit, backend.max_slots), cc)
     finally:
         use("plane")
-        launch.LANES_MAX_PIXELS, launch.LANES_DEFAULT = saved
+        for name, value in saved.items():
+            setattr(launch, name, value)
         launch.clear_plan_caches()
     if args.json:
         with open(args.json, "w") as handle:
@@ -156,10 +164,10 @@ def measure(name: str, problem: Problem, settings: list, args, limits, cc) -> li
     ref = None
     for setting in settings:
         use(setting)
-        got = gradients(step, inputs[0])
+        got = [fwd(*inputs[0]).astype(cupy.float64)] + gradients(step, inputs[0])
         ref = got if ref is None else ref
         diff = max(float(cupy.abs(a - b).max() / cupy.abs(b).max()) for a, b in zip(got, ref))
-        print(f"{name} {setting}: max over dx and the gradients of "
+        print(f"{name} {setting}: max over y, dx and the gradients of "
               f"max |g - g_plane| / max |g_plane| {diff:.2e}", flush=True)
     del ref, got
     results = {s: {"fwd b2b": [], "step": [], "step b2b": [], "bwd": []} for s in settings}

@@ -27,7 +27,8 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 from wtconv_cuda import reference  # noqa: E402
 from wtconv_cuda.kernels.launch import (  # noqa: E402
     DX_INNER, CupyBackend, DxForward, Problem, Tuning, Weights, dx_forward_plan, plan_lanes,
-    plan_plane, plan_registers, plan_split, plan_tiles, run_backward, run_forward,
+    plan_lanes_forward, plan_plane, plan_registers, plan_split, plan_tiles, run_backward,
+    run_forward,
 )
 from wtconv_cuda.weights import WTConvWeights  # noqa: E402
 
@@ -494,10 +495,10 @@ def test_register_backward_matches_oracle(shape, levels, k, stride, storage, bia
     run_case(shape, levels, k, stride, storage, bias=bias, tuning=tuning)
 
 
-#: The lane kernel's weight gradients (dx from the forward kernels), forced: one and two
-#: threads per plane, the 14 x 14 stage's plane, odd planes whose grids need the
-#: padded row and column, every level count up to a 1 x 1 grid, several chunks per
-#: channel, 16-bit storage.
+#: The lane kernels, forced (the weight gradients with dx from the forward kernels, and
+#: the forward): one and two threads per plane, the 14 x 14 stage's plane, odd planes
+#: whose grids need the padded row and column, every level count up to a 1 x 1 grid,
+#: several chunks per channel, 16-bit storage.
 LANE_CASES = [((64, 6, 14, 14), 3, 5, lanes, s) for lanes in (1, 2) for s in DTYPES]
 LANE_CASES += [((32, 5, 13, 11), L, k, 2, "float32") for L in (0, 1, 2, 4) for k in (3, 5)]
 LANE_CASES += [((48, 3, 9, 15), 3, 7, 2, "float16"), ((32, 3, 7, 7), 2, 5, 1, "bfloat16"),
@@ -507,10 +508,13 @@ LANE_CASES = [c for c in LANE_CASES if c[2] in KERNEL_SIZES]
 
 @pytest.mark.parametrize("shape,levels,k,lanes,storage", LANE_CASES)
 def test_lane_kernel_matches_oracle(shape, levels, k, lanes, storage):
-    tuning = Tuning(lanes=lanes, dx_forward=True)
+    """The weight gradients on the lane kernel, and the forward on its forward (the
+    backward's dx forward plans with its own tuning: the plane kernel's or tiles)."""
+    tuning = Tuning(lanes=lanes, lanes_forward=lanes, dx_forward=True)
     problem = Problem(*shape, k, levels, 1, storage, True)
     limits = (backend().shared_limit, backend().max_slots)
     assert plan_lanes(problem, *limits, tuning) is not None
+    assert plan_lanes_forward(problem, limits[0], tuning) is not None  # (run_case: no registers)
     run_case(shape, levels, k, 1, storage, tuning=tuning)
 
 

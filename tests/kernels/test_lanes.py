@@ -1,11 +1,12 @@
-"""The lane kernel (weight gradients, a plane to one or two threads) in numba's simulator.
+"""The lane kernels (a plane to one or two threads) in numba's simulator.
 
-The backward runs through the planner with the lane kernel forced (``dx`` from the
-forward kernels): every gradient against the float64 oracle on the 14 x 14 stage's
-plane, odd planes whose grids need the padded row and column, level counts up to past
-a 1 x 1 grid, K 3 to 7, several channels and batch chunks, float16, with and without
-bias; outputs poisoned with NaN. The layout's padding and bank rules and the
-planner's rules are checked on the CPU.
+The backward runs through the planner with the weight-gradient kernel forced (``dx``
+from the forward kernels), the forward with the lane forward forced: every output
+and gradient against the float64 oracle on the 14 x 14 stage's plane, odd planes
+whose grids need the padded row and column, level counts up to past a 1 x 1 grid,
+K 3 to 7, several channels and batch chunks, float16, with and without bias; outputs
+poisoned with NaN. The layout's padding and bank rules and the planner's rules are
+checked on the CPU.
 """
 
 import os
@@ -13,13 +14,16 @@ import os
 import numpy as np
 import pytest
 
+from wtconv_cuda import reference
 from wtconv_cuda.kernels import launch
 from wtconv_cuda.kernels.launch import (
-    LANES_FORCE_MAX_PIXELS, FinalizeSpec, LaneSpec, Problem, Tuning, Weights, lane_spec_fitted,
-    plan_lanes, planned_specs, run_backward, work_buffers,
+    LANES_FORCE_MAX_PIXELS, FinalizeSpec, LaneForwardSpec, LaneSpec, Problem, Tuning, Weights,
+    lane_spec_fitted, plan_lanes, plan_lanes_forward, planned_specs, run_backward, run_forward,
+    work_buffers,
 )
 from wtconv_cuda.kernels.lanes import (
-    THREADS, lane_kernel_source, lane_layout, planes_per_block, shared_bytes,
+    THREADS, lane_forward_source, lane_kernel_source, lane_layout, planes_per_block,
+    shared_bytes,
 )
 from wtconv_cuda.kernels.registers import grids
 
@@ -76,6 +80,87 @@ def test_lane_kernel_float16(rng, bias):
     errors = lane_backward_errors(rng, (16, 1, 3, 11), 2, 7 if bias else 3, 2, "float16", bias)
     bad = {n: e for n, e in errors.items() if not e < TOLERANCE["float16"]}
     assert not bad, bad
+
+
+def lane_forward_error(rng, shape, levels, k, lanes, storage="float32", bias=True):
+    """The forward with the lane forward forced: relative error of ``y``."""
+    x, wts, weights, problem = random_layer(rng, shape, levels, k, 1, storage, bias)
+    tuning = Tuning(lanes_forward=lanes, registers=False)
+    lane_launch = plan_lanes_forward(problem, LIMIT, tuning)
+    assert lane_launch is not None and lane_launch.spec.lanes == lanes
+    y = np.full(shape, np.nan, x.dtype)
+    backend = RecordingBackend(shared_limit=LIMIT, max_slots=SLOTS)
+    x_before = x.copy()
+    run_forward(backend, problem, x, y, weights, tuning)
+    assert backend.kernels == [lane_launch.spec] == planned_specs(problem, False, LIMIT, SLOTS,
+                                                                  tuning)
+    assert backend.requests == [] and work_buffers(problem, False, LIMIT, SLOTS, tuning) == ()
+    np.testing.assert_array_equal(x, x_before)
+    got = y.astype(np.float64)
+    assert np.isfinite(got).all(), "unwritten (NaN) outputs"
+    want = reference.forward(x.astype(np.float64), wts, levels, 1)
+    return np.linalg.norm(got - want) / np.linalg.norm(want)
+
+
+@simulator
+@pytest.mark.parametrize("shape,levels,k,lanes", [
+    ((16, 1, 14, 14), 3, 5, 2),   # the 14 x 14 stage's plane
+    ((16, 2, 9, 6), 4, 5, 2),     # two channels; odd grids; blocks past the last row
+    ((32, 2, 5, 7), 3, 3, 1),     # one thread a plane; past a 1 x 1 grid
+    ((32, 1, 1, 3), 2, 7, 1),     # a single row
+])
+def test_lane_forward_matches_oracle(rng, shape, levels, k, lanes):
+    assert lane_forward_error(rng, shape, levels, k, lanes) < TOLERANCE["float32"]
+
+
+@simulator
+@pytest.mark.parametrize("bias", [True, False])
+def test_lane_forward_float16(rng, bias):
+    shape, levels = ((16, 1, 13, 11), 5) if bias else ((16, 1, 6, 10), 1)
+    assert lane_forward_error(rng, shape, levels, 5 if bias else 3, 2, "float16",
+                              bias) < TOLERANCE["float16"]
+
+
+@simulator
+def test_backward_on_both_lane_kernels(rng, monkeypatch):
+    """With the forward's default rule on, the backward's dx forward runs on the lane
+    forward too: both lane kernels, then the finalize."""
+    monkeypatch.setattr(launch, "LANES_FORWARD_MAX_PIXELS", 256)
+    launch.clear_plan_caches()
+    try:
+        shape, levels, k = (16, 2, 11, 9), 3, 5  # above the register kernel's 64 pixels
+        x, wts, weights, problem = random_layer(rng, shape, levels, k, 1, "float32", True)
+        dy = rng.standard_normal(shape).astype(x.dtype)
+        dx = np.full(shape, np.nan, x.dtype)
+        grads = Weights(*(np.full(a.shape, np.nan, x.dtype) for a in weights))
+        backend = RecordingBackend(shared_limit=LIMIT, max_slots=SLOTS)
+        tuning = Tuning(lanes=2, dx_forward=True)
+        run_backward(backend, problem, x, dy, dx, weights, grads, tuning)
+        kinds = [type(spec).__name__ for spec in backend.kernels]
+        assert kinds == ["FlipSpec", "LaneForwardSpec", "LaneSpec", "FinalizeSpec"]
+        errors = backward_errors(x, wts, dy, levels, 1, dx, grads, True)
+        bad = {n: e for n, e in errors.items() if not e < TOLERANCE["float32"]}
+        assert not bad, bad
+    finally:
+        monkeypatch.undo()
+        launch.clear_plan_caches()
+
+
+def test_forward_planner_rules():
+    stage = Problem(64, 384, 14, 14, 5, 3, 1, "float32", True)
+    assert launch.LANES_FORWARD_MAX_PIXELS == 0  # off by default until timed on a GPU
+    assert plan_lanes_forward(stage, LIMIT) is None
+    forced = plan_lanes_forward(stage, LIMIT, Tuning(lanes_forward=2))
+    assert forced.spec == LaneForwardSpec(5, "float32", 14, 14, 3, 2)
+    assert forced.grid == 384 * 64 // 16 and forced.shared_bytes == shared_bytes(forced.spec)
+    assert planned_specs(stage, False, LIMIT, SLOTS, Tuning(lanes_forward=2)) == [forced.spec]
+    assert plan_lanes_forward(stage._replace(batch=40), LIMIT, Tuning(lanes_forward=2)) is None
+    assert plan_lanes_forward(stage._replace(stride=2), LIMIT, Tuning(lanes_forward=2)) is None
+    assert plan_lanes_forward(stage, LIMIT, Tuning(lanes_forward=0)) is None
+    # the register kernel keeps tiny planes unless told otherwise
+    tiny = stage._replace(height=7, width=7, levels=2)
+    assert [type(s) for s in planned_specs(tiny, False, LIMIT, SLOTS,
+                                           Tuning(lanes_forward=2))] != [LaneForwardSpec]
 
 
 @pytest.mark.parametrize("height,width,levels", [(14, 14, 3), (7, 7, 2), (9, 6, 4), (1, 3, 2),
@@ -149,7 +234,8 @@ def test_planner_rules(monkeypatch):
     assert plan_lanes(stage._replace(batch=48), LIMIT, SLOTS, Tuning(lanes=1)) is None
     assert plan_lanes(stage._replace(stride=2), LIMIT, SLOTS, Tuning(lanes=2)) is None
     big = stage._replace(height=33, width=33)
-    assert 33 * 33 > LANES_FORCE_MAX_PIXELS and plan_lanes(big, LIMIT, SLOTS, Tuning(lanes=2)) is None
+    assert 33 * 33 > LANES_FORCE_MAX_PIXELS
+    assert plan_lanes(big, LIMIT, SLOTS, Tuning(lanes=2)) is None
     assert plan_lanes(stage, LIMIT, SLOTS, Tuning(lanes=0)) is None
     # no dx from the forward kernels (the one-kernel backward): no lane kernel
     assert plan_lanes(stage, LIMIT, SLOTS, Tuning(lanes=2, dx_forward=False)) is None
@@ -173,16 +259,21 @@ def test_source_checks_its_spec():
         lane_kernel_source(LaneSpec(5, "float32", 14, 14, 3, 2, tap_batch=33))
 
 
-def test_hot_loops_address_shared_memory_by_constants():
-    """Inside the correlations and butterflies every shared-memory index is a row base
-    plus a constant: no division, no modulo, no per-element index arithmetic."""
-    source = lane_kernel_source(LaneSpec(5, "float32", 14, 14, 3, 2))
+@pytest.mark.parametrize("source", [
+    lane_kernel_source(LaneSpec(5, "float32", 14, 14, 3, 2)),
+    lane_forward_source(LaneForwardSpec(5, "float32", 14, 14, 3, 2)),
+], ids=["weights", "forward"])
+def test_hot_loops_address_shared_memory_by_constants(source):
+    """Inside the correlations, convolutions and butterflies every shared-memory index
+    is a row base plus a constant: no division, no modulo, no per-element index
+    arithmetic (up to the forward's final store, which reuses the staging offsets)."""
     body = source.split("cuda.syncwarp()", 1)[1]  # after the planes are staged
+    body = body.rsplit("cuda.syncwarp()", 1)[0] if "wtconv_lanes_forward" in source else body
     for line in body.splitlines():
         line = line.strip()
         assert "//" not in line and "%" not in line, line
         if "S[" in line:
             index = line.split("S[", 1)[1].split("]", 1)[0]
             base, *offset = index.split(" ")
-            assert base in ("gr", "ur", "tr0", "tile_in", "tile_out"), line
+            assert base in ("gr", "ur", "yr", "tr0", "tile_in", "tile_out"), line
             assert offset == [] or offset[0] in "+-" and offset[1].isdigit(), line

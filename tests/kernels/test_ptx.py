@@ -7,7 +7,7 @@ forward and backward, the input and output stride paths (1, 2 and the
 generic one), shared memory and global scratch, block and warp (``syncwarp``)
 barriers (one and two planes per warp), the tiled passes, the split passes'
 pre- and post-passes, the register kernel, fused finalize, the weights-only
-backward, the lane kernel, more tap rows than threads and a large kernel. The simulator suite
+backward, the lane kernels, more tap rows than threads and a large kernel. The simulator suite
 runs each of these paths on data.
 
 The compile runs in a subprocess (the rest of the CPU suite imports numba in
@@ -30,7 +30,7 @@ SPECS = textwrap.dedent("""
     from wtconv_cuda.kernels.codegen import FinalizeSpec, PlaneSpec
     from wtconv_cuda.kernels.coarse import CoarseOutSpec, CoarseSpec
     from wtconv_cuda.kernels.flip import FlipSpec
-    from wtconv_cuda.kernels.lanes import LaneSpec
+    from wtconv_cuda.kernels.lanes import LaneForwardSpec, LaneSpec
     from wtconv_cuda.kernels.registers import RegisterSpec
     from wtconv_cuda.kernels.tiles import TileSpec
     # The plane kernel's stride paths: (in, out) = (1, 1), (1, 2) and the generic (1, 3)
@@ -83,10 +83,11 @@ SPECS = textwrap.dedent("""
                         weights_only=True, plane=(28, 28, 4))]
     specs += [FlipSpec(storage, k) for k in (1, 5) for storage in ("float32", "float16",
                                                                    "bfloat16")]
-    # The lane kernel (weight gradients, a plane to one or two threads): odd planes whose
-    # grids need the padded row and column, 16-bit storage, a small tap batch.
+    # The lane kernels (weight gradients and forward, a plane to one or two threads): odd
+    # planes whose grids need the padded row and column, 16-bit storage, a small tap batch.
     specs += [LaneSpec(3, "bfloat16", 9, 6, 2, 2, tap_batch=20),
-              LaneSpec(3, "float16", 5, 7, 1, 1)]
+              LaneSpec(3, "float16", 5, 7, 1, 1),
+              LaneForwardSpec(3, "bfloat16", 9, 6, 2, 2), LaneForwardSpec(3, "float16", 5, 7, 1, 1)]
     # More tap rows than threads (K 5 on 4-thread planes): the correlation items as
     # loops, code both backward kernels share. A large kernel (K 15) forward.
     specs += [PlaneSpec(5, "float32", 1, 1, True, False, 4, 1, 0, 8, True, False, True),

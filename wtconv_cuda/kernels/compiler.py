@@ -230,22 +230,29 @@ def register_signature(storage: str, backward: bool = False) -> tuple:
     return (st,) * (13 if backward else 7) + (types.int64,) * 3
 
 
-def lane_signature(storage: str) -> tuple:
-    """Argument types of ``wtconv_lanes`` (see :mod:`wtconv_cuda.kernels.lanes`).
+def lane_signature(storage: str, forward: bool = False) -> tuple:
+    """Argument types of ``wtconv_lanes`` and ``wtconv_lanes_forward`` (see
+    :mod:`wtconv_cuda.kernels.lanes`).
 
     Parameters
     ----------
     storage : str
         ``"float32"``, ``"float16"`` or ``"bfloat16"`` (passed as ``uint16``).
+    forward : bool, default False
+        The forward kernel's arguments instead.
 
     Returns
     -------
     tuple of numba types
-        Pointers to the storage type for ``dy`` and ``x``, a float32 pointer
-        for ``part``, then int64 ``B, C``.
+        ``wtconv_lanes``: pointers to the storage type for ``dy`` and ``x``, a
+        float32 pointer for ``part``, then int64 ``B, C``. The forward:
+        pointers to the storage type for ``x, y, w0, bias, s0, ww, ws``, then
+        int64 ``B, C, has_bias``.
     """
     from numba import types
     st = types.CPointer(_storage_type(storage))
+    if forward:
+        return (st,) * 7 + (types.int64,) * 3
     return (st, st, types.CPointer(types.float32), types.int64, types.int64)
 
 
@@ -299,12 +306,13 @@ def spec_from_repr(text: str):
 
     Returns
     -------
-    PlaneSpec, FinalizeSpec, TileSpec, CoarseSpec, CoarseOutSpec, RegisterSpec, FlipSpec or
-    LaneSpec
+    PlaneSpec, FinalizeSpec, TileSpec, CoarseSpec, CoarseOutSpec, RegisterSpec, FlipSpec,
+    LaneSpec or LaneForwardSpec
     """
     names = {cls.__name__: cls for cls in (
         codegen.PlaneSpec, codegen.FinalizeSpec, tiles.TileSpec, coarse.CoarseSpec,
-        coarse.CoarseOutSpec, registers.RegisterSpec, flip.FlipSpec, lanes.LaneSpec)}
+        coarse.CoarseOutSpec, registers.RegisterSpec, flip.FlipSpec, lanes.LaneSpec,
+        lanes.LaneForwardSpec)}
     return eval(text, {"__builtins__": {}}, names)
 
 
@@ -313,6 +321,9 @@ def _source_for(spec) -> tuple[str, str, tuple]:
         return flip.flip_kernel_source(spec), "wtconv_flip", flip_signature(spec.storage)
     if isinstance(spec, lanes.LaneSpec):
         return lanes.lane_kernel_source(spec), "wtconv_lanes", lane_signature(spec.storage)
+    if isinstance(spec, lanes.LaneForwardSpec):
+        return (lanes.lane_forward_source(spec), "wtconv_lanes_forward",
+                lane_signature(spec.storage, forward=True))
     if isinstance(spec, registers.RegisterSpec):
         return (registers.register_kernel_source(spec), "wtconv_registers",
                 register_signature(spec.storage, spec.backward))

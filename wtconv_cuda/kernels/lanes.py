@@ -1,4 +1,9 @@
-"""Lane kernel: the weight gradients of small planes, a plane to one or two lanes.
+"""Lane kernels: small planes dealt to one or two threads each.
+
+Two kernels share this module's layout and code: ``wtconv_lanes``, a
+backward's weight gradients (below), and ``wtconv_lanes_forward``, the stride-1
+forward (:func:`lane_forward_source`), which also serves a backward's ``dx``
+(the forward on ``dy`` with flipped filters).
 
 The ``weights_only`` plane kernel (:mod:`.codegen`) gives a 14 x 14 plane a
 warp: its work items are tap rows times row chunks, so most of its
@@ -50,7 +55,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .codegen import STORAGE, _Emitter, _load
+from .codegen import STORAGE, _Emitter, _load, _store
 from .registers import grids
 
 #: Threads per block: one warp.
@@ -94,6 +99,29 @@ class LaneSpec(NamedTuple):
     lanes: int = 2
     max_registers: int = 0
     tap_batch: int = TAP_BATCH
+
+    @property
+    def threads(self) -> int:
+        """Threads per block (the compiler's ``.maxntid``)."""
+        return THREADS
+
+
+class LaneForwardSpec(NamedTuple):
+    """Compile-time parameters of one ``wtconv_lanes_forward`` variant (stride 1).
+
+    Attributes
+    ----------
+    kernel_size, storage, height, width, levels, lanes, max_registers
+        As in :class:`LaneSpec`.
+    """
+
+    kernel_size: int
+    storage: str
+    height: int
+    width: int
+    levels: int
+    lanes: int = 2
+    max_registers: int = 0
 
     @property
     def threads(self) -> int:
@@ -177,7 +205,7 @@ def lane_layout(spec: LaneSpec) -> LaneLayout:
         slot = (2 * dy) | 1  # odd: 32 planes on 32 banks
     planes = planes_per_block(spec)
     tile = planes * slot
-    floats = tile + spec.tap_batch * (THREADS + 1)
+    floats = tile + getattr(spec, "tap_batch", 0) * (THREADS + 1)
     ntaps = K * K * (1 + 4 * L) + 1
     return LaneLayout(rows, pitch, dy, slot, tile, floats, ntaps)
 
@@ -197,7 +225,7 @@ def _check(spec: LaneSpec) -> None:
         raise ValueError(f"need levels >= 0 and height, width >= 1, got {spec}")
     if spec.lanes not in (1, 2):
         raise ValueError(f"lanes must be 1 or 2, got {spec.lanes}")
-    if not 1 <= spec.tap_batch <= THREADS:
+    if isinstance(spec, LaneSpec) and not 1 <= spec.tap_batch <= THREADS:
         raise ValueError(f"tap_batch must be 1 to {THREADS}, got {spec.tap_batch}")
 
 
@@ -300,8 +328,194 @@ def lane_kernel_source(spec: LaneSpec) -> str:
     return e.text()
 
 
-def _emit_stage(e: _Emitter, spec: LaneSpec, lay: LaneLayout) -> None:
-    """Copy the block's planes of ``x`` and ``dy`` into the slots as float32.
+def lane_forward_source(spec: LaneForwardSpec) -> str:
+    """Python source of ``wtconv_lanes_forward`` for ``spec``: the layer's forward.
+
+    The kernel takes ``(x, y, w0, bias, s0, ww, ws, B, C, has_bias)`` (see
+    :func:`wtconv_cuda.kernels.compiler.lane_signature`) and runs one warp per
+    block over ``B * C / planes`` blocks, as ``wtconv_lanes`` does. Each
+    slot holds the plane of ``x`` and, in its second area, the plane of ``y``
+    being formed. A thread (with ``lanes`` 2, half ``h`` of a plane's pair):
+
+    1. the base convolution with the folded taps ``s0 * w0`` and the bias
+       term ``s0 * b`` into the ``y`` area (rows ``h, h + 2, ...``);
+    2. per level ``j``: the raw butterflies in place over grid ``j - 1``
+       (rows of blocks ``h, h + 2, ...``), then, for its rows of level
+       ``j``'s coefficients, the four subbands convolved with the taps ``s_j
+       * w_j / 4**j`` (raw butterflies make the subbands ``2**j`` times the
+       operator's; the synthesis's factors ``2**-j`` are folded in the same
+       way, see SPEC.md's closed form) and added to the ``2**j x 2**j``
+       output pixels each coefficient covers, with the signs of the
+       synthesis;
+    3. the warp stores its planes of ``y`` (coalesced, rounded once).
+
+    Parameters
+    ----------
+    spec : LaneForwardSpec
+
+    Returns
+    -------
+    str
+        Source of a function ``wtconv_lanes_forward``.
+
+    Raises
+    ------
+    ValueError
+        As :func:`lane_kernel_source`.
+    """
+    lay = lane_layout(spec)
+    K, L, H, W = spec.kernel_size, spec.levels, spec.height, spec.width
+    N, lanes, K2 = planes_per_block(spec), spec.lanes, K * K
+    sizes = grids(H, W, L)
+    ld = lambda expr: _load(spec.storage, expr)  # noqa: E731
+    e = _Emitter()
+    e("def wtconv_lanes_forward(x, y, w0, bias, s0, ww, ws, B, C, has_bias):")
+    with e.indent():
+        e("S = cuda.shared.array(0, dtype=float32)",
+          "t = int64(cuda.threadIdx.x)",
+          "fz = float32(0.0)",
+          f"nchunks = B // {N}",
+          "blk = int64(cuda.blockIdx.x)",
+          "c = blk // nchunks",
+          f"b0 = (blk - c * nchunks) * {N}")
+        _emit_stage(e, spec, lay, ("x",))
+        e("cuda.syncwarp()")
+        if lanes == 2:
+            e("h = t & 1", f"xs = (t >> 1) * {lay.slot}")
+        else:
+            e("h = int64(0)", f"xs = t * {lay.slot}")
+        e(f"ys = xs + {lay.dy}")
+
+        # base convolution and bias into the y area
+        e("s0c = " + ld("s0[c]"),
+          "bterm = s0c * " + ld("bias[c]") + " if has_bias != 0 else fz")
+        for t in range(K2):
+            e(f"w_0_{t // K}_{t % K} = s0c * " + ld(f"w0[c * {K2} + {t}]"))
+        plane = _Band(H, W, lay.pitch, 1)
+        _emit_convolution(e, K, plane, "xs", [(0, "w_0")], "h" if lanes == 2 else "0", lanes,
+                          start_value="bterm")
+        for j in range(1, L + 1):
+            e("cuda.syncwarp()", f"# ---- level {j} ----")
+            _emit_transform(e, spec, lay, sizes, j, ["xs"], lanes)
+            e("cuda.syncwarp()")
+            step = 1 << (j - 1)
+            hj, wj = sizes[j]
+            for k in range(4):
+                e(f"sw = {4.0 ** -j!r} * " + ld(f"ws[({j - 1} * C + c) * 4 + {k}]"))
+                for t in range(K2):
+                    e(f"w_{k + 1}_{t // K}_{t % K} = sw * "
+                      + ld(f"ww[(({j - 1} * C + c) * 4 + {k}) * {K2} + {t}]"))
+            band = _Band(hj, wj, 2 * step * lay.pitch, 2 * step)
+            groups = [((k >> 1) * step * lay.pitch + (k & 1) * step, f"w_{k + 1}")
+                      for k in range(4)]
+            _emit_convolution(e, K, band, "xs", groups, "h" if lanes == 2 else "0", lanes,
+                              synthesis=(j, H, W, lay.pitch))
+        e("cuda.syncwarp()")
+        _emit_store(e, spec, lay)
+    return e.text()
+
+
+def _emit_convolution(e: _Emitter, K: int, band: _Band, ubase: str, groups: list, start: str,
+                      step: int, start_value: str = "fz", synthesis=None) -> None:
+    """The forward's convolutions on ``band``, a row of outputs at a time.
+
+    ``groups`` holds ``(offset, taps)`` per convolved grid: its offset from
+    ``ubase`` (an int) and the prefix of its tap names (``taps_a_b``); one
+    for the base convolution, four for a level's subbands. Rows ``qy = start,
+    start + step, ...`` run in a loop; ``acc{g}_{qx}`` starts at
+    ``start_value`` and adds ``taps_a_b * u[qy + a - P, qx + b - P]`` tap row
+    by tap row, each sum in the order of the taps (a warp-uniform test skips
+    a source row outside the band). Without ``synthesis`` the row is stored
+    into the ``y`` area (from ``ys``, the band's row step); with ``synthesis
+    = (j, H, W, pitch)`` the four subbands' values of each coefficient are
+    combined with the signs of the synthesis and added to the plane's output
+    pixels it covers (``2**j x 2**j`` of them, fewer on the last row or
+    column).
+    """
+    P = (K - 1) // 2
+    rows, cols = band.rows, band.cols
+    e(f"qy = int64({start})", f"while qy < {rows}:")
+    with e.indent():
+        e(f"ur = {ubase} + qy * {band.rstep}")
+        for g in range(len(groups)):
+            e(", ".join(f"acc{g}_{qx}" for qx in range(cols)) + " = "
+              + ", ".join(start_value for _ in range(cols)))
+        for a in range(K):
+            d = a - P
+            if d >= rows or -d >= rows:
+                continue  # no row of the band has this source row
+            tests = ([f"qy >= {-d}"] if d < 0 else []) + ([f"qy < {rows - d}"] if d > 0 else [])
+            if tests:
+                e(f"if {' and '.join(tests)}:")
+            with e.indent() if tests else _Same():
+                for g, (offset, taps) in enumerate(groups):
+                    used = sorted({qx + b - P for qx in range(cols) for b in range(K)
+                                   if 0 <= qx + b - P < cols})
+                    for col in used:
+                        at = offset + d * band.rstep + col * band.cstep
+                        e(f"u_{col} = S[{_plus('ur', at)}]")
+                    for qx in range(cols):
+                        for b in range(K):
+                            col = qx + b - P
+                            if 0 <= col < cols:
+                                e(f"acc{g}_{qx} += {taps}_{a}_{b} * u_{col}")
+        if synthesis is None:
+            e(f"yr = ys + qy * {band.rstep}")
+            e(*(f"S[yr + {qx * band.cstep}] = acc0_{qx}" for qx in range(cols)))
+        else:
+            _emit_synthesis_adds(e, rows, cols, *synthesis)
+        e(f"qy += {step}")
+
+
+def _emit_synthesis_adds(e: _Emitter, rows: int, cols: int, j: int, H: int, W: int,
+                         pitch: int) -> None:
+    """Add level ``j``'s row ``qy`` of convolved subbands (``acc0..3_qx``: LL, LH, HL,
+    HH) to the ``y`` area: output pixel ``(py, px)`` under coefficient ``(qy, qx)``
+    takes ``LL + sy LH + sx HL + sy sx HH``, ``sy`` (``sx``) negative in the lower
+    (right) half of the coefficient's block."""
+    s = 1 << (j - 1)
+    e(f"yr = ys + qy * {2 * s * pitch}")
+    for qx in range(cols):
+        e(f"sp = acc0_{qx} + acc1_{qx}", f"sm = acc0_{qx} - acc1_{qx}",
+          f"tp = acc2_{qx} + acc3_{qx}", f"tm = acc2_{qx} - acc3_{qx}",
+          "z00 = sp + tp", "z01 = sp - tp", "z10 = sm + tm", "z11 = sm - tm")
+        for by in (0, 1):
+            for i in range(s):
+                o = by * s + i  # the pixel row's offset in the block
+                limit = -(-(H - o) // (2 * s))  # rows of coefficients where it exists
+                pixels = [(bx, qx * 2 * s + bx * s + i2) for bx in (0, 1) for i2 in range(s)
+                          if qx * 2 * s + bx * s + i2 < W]
+                if limit <= 0 or not pixels:
+                    continue
+                if limit < rows:
+                    e(f"if qy < {limit}:")
+                with e.indent() if limit < rows else _Same():
+                    e(*(f"S[yr + {o * pitch + px}] += z{by}{bx}" for bx, px in pixels))
+
+
+def _emit_store(e: _Emitter, spec, lay: LaneLayout) -> None:
+    """Store the block's planes of ``y`` from the slots' second areas, coalesced and
+    rounded once to the storage type (the element order of :func:`_emit_stage`,
+    whose offsets ``g0``, ``gstep`` and ``so{m}`` it reuses)."""
+    H, W, N = spec.height, spec.width, planes_per_block(spec)
+    HW = H * W
+    chunks = -(-HW // THREADS)
+    last_full = HW // THREADS
+    for n in range(N):
+        e(f"gn = g0 + {n} * gstep")
+        for m in range(chunks):
+            value = f"S[{n * lay.slot + lay.dy} + so{m}]"
+            if m < last_full:
+                _store(e, spec.storage, f"y[gn + {m * THREADS}]", value)
+            else:
+                e(f"if px{m} < {HW}:")
+                with e.indent():
+                    _store(e, spec.storage, f"y[gn + {m * THREADS}]", value)
+
+
+def _emit_stage(e: _Emitter, spec, lay: LaneLayout, arrays=("x", "dy")) -> None:
+    """Copy the block's planes of ``arrays`` (``x`` into the slot's first area, ``dy``
+    into its second) into the slots as float32.
 
     Plane ``n`` (batch entry ``b0 + n``) is ``H * W`` consecutive elements;
     thread ``t`` copies elements ``t + 32 m`` of each, so a warp's load reads
@@ -318,7 +532,7 @@ def _emit_stage(e: _Emitter, spec: LaneSpec, lay: LaneLayout) -> None:
         e(f"so{m} = px{m} + (px{m} // {W}) * {lay.pitch - W}" if lay.pitch != W else
           f"so{m} = px{m}")
     last_full = HW // THREADS  # chunks m < last_full are whole for every thread
-    items = [(n, m, arr) for n in range(N) for m in range(chunks) for arr in ("x", "dy")]
+    items = [(n, m, arr) for n in range(N) for m in range(chunks) for arr in arrays]
     for first in range(0, len(items), STAGE_AHEAD):
         group = items[first:first + STAGE_AHEAD]
         planes = sorted({n for n, _, _ in group})
@@ -405,7 +619,8 @@ class _Same:
         return None
 
 
-def _emit_transform(e: _Emitter, spec: LaneSpec, lay: LaneLayout, sizes: list, j: int) -> None:
+def _emit_transform(e: _Emitter, spec, lay: LaneLayout, sizes: list, j: int,
+                    bases=None, step: int = 1) -> None:
     """Level ``j``'s raw butterflies, in place over grid ``j - 1`` of the pyramids.
 
     Grid ``j - 1``'s element ``(r, c)`` lies at ``r * s * pitch + c * s``
@@ -414,14 +629,18 @@ def _emit_transform(e: _Emitter, spec: LaneSpec, lay: LaneLayout, sizes: list, j
     an exact zero and drops out) and writes subband ``k = 2 dr + dc`` (LL,
     LH, HL, HH) where element ``(dr, dc)`` was. With ``lanes`` 2 thread half
     ``h`` transforms pyramid ``h`` (``x``, then ``dy``); with 1 the thread
-    transforms both, block by block. Rows of blocks run in a loop; a last
-    row with a missing lower half is emitted after it.
+    transforms both, block by block. ``bases`` (the pyramids' offsets, one
+    per transformed pyramid) and ``step`` override that: with ``step`` 2 half
+    ``h`` takes the rows of blocks ``h, h + 2, ...`` (the forward's one
+    pyramid). Rows of blocks run in a loop; a last row with a missing lower
+    half is emitted after it.
     """
     hp, wp = sizes[j - 1]
     hj, wj = sizes[j]
     s = 1 << (j - 1)
     rstep = 2 * s * lay.pitch
-    bases = ["xs + h * " + str(lay.dy)] if spec.lanes == 2 else ["xs", "gs"]
+    if bases is None:
+        bases = ["xs + h * " + str(lay.dy)] if spec.lanes == 2 else ["xs", "gs"]
     full = hp // 2  # rows of blocks with both halves
 
     def row(r: str, lower: bool) -> None:
@@ -453,12 +672,17 @@ def _emit_transform(e: _Emitter, spec: LaneSpec, lay: LaneLayout, sizes: list, j
                     e(f"S[{at[(k >> 1, k & 1)]}] = {value}")
 
     if full:
-        e("qb = int64(0)", f"while qb < {full}:")
+        e("qb = int64(0)" if step == 1 else "qb = h", f"while qb < {full}:")
         with e.indent():
             row("qb", True)
-            e("qb += 1")
+            e(f"qb += {step}")
     if hp % 2:
-        row(str(full), False)
+        if step == 1:
+            row(str(full), False)
+        else:  # the half whose rows it continues
+            e(f"if h == {full % step}:")
+            with e.indent():
+                row(str(full), False)
 
 
 def _combine(a, b, op: str):

@@ -23,7 +23,8 @@ from . import compiler
 from .coarse import COARSE_THREADS, CoarseLayout, CoarseOutSpec, CoarseSpec, coarse_layout
 from .codegen import FinalizeSpec, PlaneSpec
 from .flip import FLIP_THREADS, FlipSpec
-from .lanes import THREADS as LANE_THREADS, LaneSpec, planes_per_block as lane_planes
+from .lanes import THREADS as LANE_THREADS, LaneForwardSpec, LaneSpec
+from .lanes import planes_per_block as lane_planes
 from .lanes import shared_bytes as lane_shared_bytes
 from .registers import MAX_PIXELS as REGISTER_MAX_PIXELS, RegisterSpec
 from .registers import shared_bytes as register_shared_bytes
@@ -179,6 +180,12 @@ class Tuning(NamedTuple):
         plane (1 or 2) instead of the ``weights_only`` plane kernel, where
         ``B`` is a multiple of the block's planes and the block fits. None
         follows :func:`plan_lanes`'s default rule; 0 never.
+    lanes_forward : int or None
+        A stride-1 forward (the ``dx`` forward's chunks plan with their own
+        tuning, so only the default rule reaches them) on the lane kernel's
+        forward with this many threads per plane (1 or 2), where ``B`` is a
+        multiple of the block's planes and the block fits; None follows
+        :func:`plan_lanes_forward`'s default rule; 0 never.
     """
 
     threads: int | None = None
@@ -196,6 +203,7 @@ class Tuning(NamedTuple):
     dx_batch: int | None = None
     inner: bool | None = None
     lanes: int | None = None
+    lanes_forward: int | None = None
 
 
 #: Bytes per element of each storage dtype.
@@ -962,6 +970,10 @@ def plan_registers(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(
 LANES_MAX_PIXELS = 0
 #: Threads per plane of the lane kernel where the default rule takes it.
 LANES_DEFAULT = 2
+#: Largest plane whose stride-1 forward (and a backward's ``dx`` forward) takes the
+#: lane kernel's forward by default, above the register kernel's planes. 0: none,
+#: until it is timed on a GPU.
+LANES_FORWARD_MAX_PIXELS = 0
 #: ``Tuning(lanes=...)`` forces the lane kernel up to this many pixels (a
 #: plane's slot must still fit the block's shared memory).
 LANES_FORCE_MAX_PIXELS = 1024
@@ -1069,6 +1081,70 @@ def plan_lanes(problem: Problem, shared_limit: int, max_slots: int, tuning: Tuni
     dims = np.array([p.batch, p.channels, p.levels, int(p.has_bias), nchunks], np.int64)
     return LaneLaunch(spec, grid, shared, grid * ntaps, dims, ntaps,
                       _int64s(p.batch, p.channels))
+
+
+class LaneForwardLaunch(NamedTuple):
+    """A stride-1 forward on the lane kernel's forward (``wtconv_lanes_forward``).
+
+    Attributes
+    ----------
+    spec : LaneForwardSpec
+        The ``wtconv_lanes_forward`` variant.
+    grid : int
+        Blocks: ``C * B / planes``, one warp each.
+    shared_bytes : int
+        Dynamic shared memory per block.
+    scalars : tuple of numpy.int64
+        ``B, C, has_bias``: the launch's int64 arguments after its pointers.
+    """
+
+    spec: LaneForwardSpec
+    grid: int
+    shared_bytes: int
+    scalars: tuple
+
+
+@lru_cache(maxsize=1024)
+def plan_lanes_forward(problem: Problem, shared_limit: int, tuning: Tuning = Tuning()):
+    """The lane kernel's forward for a stride-1 pass, or None.
+
+    ``tuning.lanes_forward`` 1 or 2 takes it for planes of up to
+    `LANES_FORCE_MAX_PIXELS`; None for planes of up to
+    `LANES_FORWARD_MAX_PIXELS` with `LANES_DEFAULT` threads each; 0 never.
+    Either way ``B`` must be a multiple of the block's ``32 / lanes`` planes
+    and the block must fit ``shared_limit``. (:func:`run_forward` asks the
+    register kernel first.)
+
+    Parameters
+    ----------
+    problem : Problem
+        The layer call.
+    shared_limit : int
+        Bytes of dynamic shared memory a block may use.
+    tuning : Tuning, optional
+        ``lanes_forward``, and ``max_registers`` for its register cap.
+
+    Returns
+    -------
+    LaneForwardLaunch or None
+    """
+    p = problem
+    pixels = p.height * p.width
+    lanes = tuning.lanes_forward
+    if lanes is None:
+        lanes = LANES_DEFAULT if pixels <= LANES_FORWARD_MAX_PIXELS else 0
+    elif pixels > LANES_FORCE_MAX_PIXELS:
+        return None
+    if not lanes or p.stride != 1:
+        return None
+    spec = LaneForwardSpec(p.kernel_size, p.storage, p.height, p.width, p.levels, lanes,
+                           tuning.max_registers or 0)
+    planes = lane_planes(spec)
+    shared = lane_shared_bytes(spec)
+    if p.batch % planes or shared > shared_limit:
+        return None
+    return LaneForwardLaunch(spec, p.channels * p.batch // planes, shared,
+                             _int64s(p.batch, p.channels, int(p.has_bias)))
 
 
 class SplitPlan(NamedTuple):
@@ -1509,6 +1585,8 @@ def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots:
     """
     if plan_registers(problem, shared_limit, tuning, backward) is not None:
         return ()
+    if not backward and plan_lanes_forward(problem, shared_limit, tuning) is not None:
+        return ()
     split = plan_split(problem, shared_limit, tuning, backward)
     if split is not None:
         pooled = () if split.in_place else (split.layout.pooled_floats,)
@@ -1577,6 +1655,9 @@ def planned_specs(problem: Problem, backward: bool, shared_limit: int, max_slots
     registers = plan_registers(problem, shared_limit, tuning, backward)
     if registers is not None:
         return [registers.spec]
+    lanes = None if backward else plan_lanes_forward(problem, shared_limit, tuning)
+    if lanes is not None:
+        return [lanes.spec]
     finalize = FinalizeSpec(problem.kernel_size, problem.storage, FINALIZE_THREADS)
     split = plan_split(problem, shared_limit, tuning, backward)
     if split is not None:
@@ -1640,6 +1721,11 @@ def run_forward(backend, problem: Problem, x, y, weights: Weights,
     registers = plan_registers(problem, backend.shared_limit, tuning)
     if registers is not None:
         _launch_registers(backend, registers, (x, y, *weights))
+        return
+    lanes = plan_lanes_forward(problem, backend.shared_limit, tuning)
+    if lanes is not None:
+        backend.call(backend.kernel(lanes.spec), lanes.grid, LANE_THREADS,
+                     (x, y, *weights, *lanes.scalars), lanes.shared_bytes)
         return
     split = plan_split(problem, backend.shared_limit, tuning)
     if split is not None:
