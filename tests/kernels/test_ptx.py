@@ -134,8 +134,9 @@ def test_local_memory_bounds():
 
 @pytest.mark.ptx_background
 def test_every_code_path_compiles_without_local_arrays(ptx_background):
-    """No local arrays in the PTX, and ptxas (through nvJitLink) leaves no more local
-    memory than :func:`allowed_local_bytes` in any variant."""
+    """No local arrays and no float64 arithmetic in the PTX, and ptxas (through
+    nvJitLink) leaves no more local memory than :func:`allowed_local_bytes` in any
+    variant."""
     count = ptx_background.wait(timeout=2400)
     usage_file = ptx_background.usage_file
     ptx_files = sorted(ptx_background.cache.glob("*.ptx"))
@@ -144,6 +145,8 @@ def test_every_code_path_compiles_without_local_arrays(ptx_background):
         text = path.read_text()
         assert ".entry" in text
         assert "__local_depot" not in text, f"{path.name} keeps an array in local memory"
+        # a Python float constant in generated code makes its arithmetic float64
+        assert ".f64" not in text, f"{path.name} computes in float64"
     if not usage_file.exists():
         pytest.skip("nvJitLink is not installed: PTX checked, ptxas not run")
     usage = json.loads(usage_file.read_text())

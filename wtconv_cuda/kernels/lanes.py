@@ -401,7 +401,7 @@ def lane_forward_source(spec: LaneForwardSpec) -> str:
             step = 1 << (j - 1)
             hj, wj = sizes[j]
             for k in range(4):
-                e(f"sw = {4.0 ** -j!r} * " + ld(f"ws[({j - 1} * C + c) * 4 + {k}]"))
+                e(f"sw = float32({4.0 ** -j!r}) * " + ld(f"ws[({j - 1} * C + c) * 4 + {k}]"))
                 for t in range(K2):
                     e(f"w_{k + 1}_{t // K}_{t % K} = sw * "
                       + ld(f"ww[(({j - 1} * C + c) * 4 + {k}) * {K2} + {t}]"))
