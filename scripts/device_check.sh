@@ -52,9 +52,9 @@
 #              ConvNeXt-T stages 56 (L5) and 28 (L4), fp32: the inference target's
 #              kernel, loop by loop; TILEHOT_SHAPES="BxCxHxWxLxK ..." picks other
 #              stages                                              (~2 min cold)
-#   lanes      the lane kernel (a backward's weight gradients, a plane to one or two
-#              threads): its GPU tests, then benchmarks/lanes_ab.py against the
-#              weights-only plane kernel at 14 x 14 and 28 x 28 ($LANES_SHAPES)
+#   lanes      the lane kernels (weight gradients and forward, a plane to one or two
+#              threads): their GPU tests, then benchmarks/lanes_ab.py against the
+#              default kernels at the 14 x 14 stage ($LANES_SHAPES)   (~6 min warm)
 #   tileprofile  ncu occupancy, warp states, stall reasons and instruction counts of
 #              the tiled forward and backward at 8x128x512x512, L1 and L3 (~2 min)
 #
@@ -357,11 +357,11 @@ run_registers() {
 }
 
 run_lanes() {
-  # The lane kernel (weight gradients, a plane to one or two threads; off by default
-  # until timed): its GPU oracle cases, then benchmarks/lanes_ab.py against the plane
-  # kernel's weights-only variant at the 14 x 14 stage (and half its batch) and the
-  # 28 x 28 one, fp32 and bf16. Carry the PTX (.ptxcache/ptx-lanes-*.tar.xz): a
-  # 14 x 14 variant takes minutes to compile.
+  # The lane kernels (a plane to one or two threads; off by default until timed): their
+  # GPU oracle cases, then benchmarks/lanes_ab.py against the plane kernel's
+  # weights-only variant and the default forwards at the 14 x 14 stage and half its
+  # batch ($LANES_SHAPES), fp32 and bf16. Carry the PTX (scripts/build_ptx_cache.sh
+  # lanes): a 14 x 14 variant takes minutes to compile.
   echo "== lane kernel: GPU tests, then lanes_ab.py"
   local rc=0
   WTCONV_TEST_GPU=1 WTCONV_TEST_KS=${TEST_KS} timeout 240 python3 -m pytest -q -x -n 8 \
@@ -370,7 +370,7 @@ run_lanes() {
   tail -n 5 "$OUT/lanes_tests.log"
   # shellcheck disable=SC2086  # LANES_SHAPES is a list of shapes
   (cd benchmarks && timeout 320 python3 lanes_ab.py --dtypes fp32 bf16 \
-    --shapes ${LANES_SHAPES:-64x384x14x14:3 32x384x14x14:3 64x192x28x28:4} \
+    --shapes ${LANES_SHAPES:-64x384x14x14:3 32x384x14x14:3} \
     --json "$OUT/lanes_ab.json") >"$OUT/lanes_ab.log" 2>&1 || rc=1
   grep -v "Spec(" "$OUT/lanes_ab.log" | cut -c1-400 | tail -n 40
   return $rc
