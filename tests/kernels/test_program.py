@@ -116,6 +116,9 @@ CASES = [
     ((128, 384, 14, 14), 3, 1, "float32", Tuning()),  # dx in two split chunks
     ((8, 32, 512, 512), 5, 1, "float32", Tuning()),  # split tiles, coarse backward
     ((5, 3, 33, 31), 2, 1, "float32", Tuning(dx_forward=True, dx_batch=2)),
+    # the lane kernels: weight gradients (dx on the default forward), both forwards
+    ((64, 384, 14, 14), 3, 1, "bfloat16", Tuning(lanes=2)),
+    ((32, 6, 13, 11), 4, 1, "float32", Tuning(lanes=1, lanes_forward=1, dx_forward=True)),
 ]
 
 
