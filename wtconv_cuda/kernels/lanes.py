@@ -43,12 +43,12 @@ butterfly results of their missing row or column somewhere: the slot's rows
 and columns are padded so that those land just outside the plane, where no
 other level's values live (:func:`lane_layout`).
 
-Bank conflicts: with ``lanes`` 2 the slot pitch is 2 mod 32 words and the
+Bank conflicts: with ``lanes`` 2 the slots lie 2 mod 32 words apart and the
 two halves of a plane read addresses an odd distance apart (rows of an odd
 pitch, the two pyramids, level 1's subband columns), so a warp's 32 reads
 hit 32 banks; level ``j >= 2``'s subband columns are an even distance apart
 (two-way conflicts on a quarter of level 1's work). With ``lanes`` 1 the
-pitch is odd.
+slots lie an odd number of words apart.
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ THREADS = 32
 #: warp's transpose tile holds that many rows of 32 lanes' sums.
 TAP_BATCH = 32
 #: Global loads a thread issues before the shared stores that take them, when the
-#: block copies its planes (about 1 us of latency each; a warp per block).
+#: block copies its planes: with one warp per block, its own loads in flight are what
+#: covers the memory latency.
 STAGE_AHEAD = 28
 
 
@@ -130,7 +131,7 @@ class LaneForwardSpec(NamedTuple):
 
 
 class LaneLayout(NamedTuple):
-    """Offsets (float32 words) in a ``wtconv_lanes`` block's shared buffer.
+    """Offsets (float32 words) in a lane kernel block's shared buffer.
 
     Attributes
     ----------
@@ -139,13 +140,13 @@ class LaneLayout(NamedTuple):
         plane's, padded where an odd grid's butterflies need a row or column
         past it.
     dy : int
-        Offset of the ``dy`` pyramid from the ``x`` pyramid within a slot
-        (odd with ``lanes`` 2).
+        Offset of a slot's second area (the ``dy`` pyramid; the forward's
+        ``y``) from its first (``x``); odd with ``lanes`` 2.
     slot : int
         Words between two planes' slots.
     tile : int
         The warp's transpose tile: ``tap_batch`` rows of 33 words (tap ``i``
-        of lane ``m`` at ``tile + i * 33 + m``).
+        of lane ``m`` at ``tile + i * 33 + m``); none in the forward.
     floats : int
         Size of the buffer.
     ntaps : int
@@ -161,13 +162,14 @@ class LaneLayout(NamedTuple):
     ntaps: int
 
 
-def planes_per_block(spec: LaneSpec) -> int:
-    """Planes a ``wtconv_lanes`` block holds: ``32 / lanes``."""
+def planes_per_block(spec) -> int:
+    """Planes a lane kernel's block holds: ``32 / lanes`` (a `LaneSpec` or
+    `LaneForwardSpec`)."""
     return THREADS // spec.lanes
 
 
-def lane_layout(spec: LaneSpec) -> LaneLayout:
-    """The shared-memory layout of a ``wtconv_lanes`` block.
+def lane_layout(spec) -> LaneLayout:
+    """The shared-memory layout of a lane kernel's block.
 
     Level ``j``'s butterflies write their four results over the four values
     of grid ``j - 1`` they read; where that grid has an odd number of rows
@@ -176,7 +178,7 @@ def lane_layout(spec: LaneSpec) -> LaneLayout:
 
     Parameters
     ----------
-    spec : LaneSpec
+    spec : LaneSpec or LaneForwardSpec
 
     Returns
     -------
@@ -210,8 +212,9 @@ def lane_layout(spec: LaneSpec) -> LaneLayout:
     return LaneLayout(rows, pitch, dy, slot, tile, floats, ntaps)
 
 
-def shared_bytes(spec: LaneSpec) -> int:
-    """Dynamic shared memory of a ``wtconv_lanes`` block, in bytes."""
+def shared_bytes(spec) -> int:
+    """Dynamic shared memory of a lane kernel's block, in bytes (a `LaneSpec` or
+    `LaneForwardSpec`)."""
     return 4 * lane_layout(spec).floats
 
 
