@@ -250,6 +250,16 @@ def test_planner_rules(monkeypatch):
         launch.clear_plan_caches()
 
 
+@pytest.mark.parametrize("levels", [1, 4])
+def test_no_branch_per_tap(levels):
+    """The only conditional expressions guard the last chunk of the staged planes: a
+    conditional per level tap (400 at L 4) made numba's recursive walk of the
+    control-flow graph overflow the stack (13 x 11, K 5)."""
+    spec = LaneSpec(5, "float32", 13, 11, levels, 2)
+    source = lane_kernel_source(spec)
+    assert source.count(" else fz") == 2 * planes_per_block(spec)  # x and dy, per plane
+
+
 def test_source_checks_its_spec():
     with pytest.raises(ValueError, match="lanes"):
         lane_kernel_source(LaneSpec(5, "float32", 14, 14, 3, 4))

@@ -288,7 +288,8 @@ def lane_kernel_source(spec: LaneSpec) -> str:
         _emit_stage(e, spec, lay)
         e("cuda.syncwarp()")
         if lanes == 2:
-            e("h = t & 1", f"xs = (t >> 1) * {lay.slot}")
+            e("h = t & 1", f"xs = (t >> 1) * {lay.slot}",
+              "mask0 = int32(h - 1)", "mask1 = int32(-h)")  # all ones in half 0 / half 1
         else:
             e("h = int64(0)", f"xs = t * {lay.slot}")
         e(f"gs = xs + {lay.dy}",
@@ -313,14 +314,17 @@ def lane_kernel_source(spec: LaneSpec) -> str:
             band = _Band(hj, wj, 2 * step * lay.pitch, 2 * step)
             scale = 4.0 ** -(j - 1)
             if lanes == 2:
-                # subbands k = h + 2 e: column bit h, row bit e
+                # subbands k = h + 2 e: column bit h, row bit e. A thread's sums go to
+                # its subband's taps and zeros to the other half's, through bit masks
+                # (mask0 keeps a value in half 0, mask1 in half 1): a conditional
+                # expression per tap made numba's control-flow graph deeper than its
+                # recursive walk allows (L 4 at 13 x 11, K 5).
                 for e_bit in (0, 1):
                     off = f"h * {step} + {e_bit * step * lay.pitch}"
                     _emit_correlation(e, K, band, f"gs + {off}", f"xs + {off}", "0", 1)
                     for k in (2 * e_bit, 2 * e_bit + 1):
-                        mine = "h == 0" if k % 2 == 0 else "h == 1"
                         for t in range(K2):
-                            batch.add(f"(acc_{t // K}_{t % K} if {mine} else fz)", scale)
+                            batch.add(_masked(f"acc_{t // K}_{t % K}", f"mask{k % 2}"), scale)
             else:
                 for k in range(4):
                     off = (k >> 1) * step * lay.pitch + (k & 1) * step
@@ -605,6 +609,12 @@ def _emit_correlation(e: _Emitter, K: int, band: _Band, gbase: str, ubase: str, 
                         if 0 <= col < cols:
                             e(f"acc_{a}_{b} += g_{qx} * u_{col}")
         e(f"qy += {step}")
+
+
+def _masked(value: str, mask: str) -> str:
+    """``value`` where the int32 ``mask`` is all ones, an exact +0.0 where it is zero
+    (bit operations: no branch, and a NaN is masked too)."""
+    return f"libdevice.int_as_float(libdevice.float_as_int({value}) & {mask})"
 
 
 def _plus(base: str, offset: int) -> str:
