@@ -144,22 +144,13 @@ def measure(name: str, problem: Problem, settings: list, args, limits, cc) -> li
     """Compile, compare and time one problem under every setting; its JSON rows."""
     import cupy
 
-    import wtconv_cuda as wt
-    from split_threshold import back_to_back_us, event_us, make_inputs
+    from split_threshold import back_to_back_us, event_us, layer_calls, make_inputs
 
-    levels = problem.levels
     compile_all(variants(problem, settings, limits,
                          lambda line: print(f"{name} {line}", flush=True)), cc, args.jobs)
-    inputs, _held = make_inputs(tuple(problem[:4]), levels, problem.kernel_size,
+    inputs, _held = make_inputs(tuple(problem[:4]), problem.levels, problem.kernel_size,
                                 problem.storage)
-
-    def fwd(x, w, dy):
-        return wt.forward(x, w, levels=levels)
-
-    def step(x, w, dy):
-        tape = wt.Tape()
-        wt.forward(x, w, levels=levels, tape=tape)
-        return tape.backward(dy)
+    fwd, step = layer_calls(problem.levels)
 
     ref = None
     for setting in settings:

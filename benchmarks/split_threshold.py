@@ -98,6 +98,20 @@ def back_to_back_us(fn, inputs, repeats: int) -> float:
     return cupy.cuda.get_elapsed_time(start, stop) * 1e3 / repeats
 
 
+def layer_calls(levels: int):
+    """``fwd(x, w, dy)``, a forward, and ``step(x, w, dy)``, a forward with a
+    ``Tape`` and its backward (``(dx, gradients)``), through ``wtconv_cuda``."""
+    def fwd(x, w, dy):
+        return wt.forward(x, w, levels=levels)
+
+    def step(x, w, dy):
+        tape = wt.Tape()
+        wt.forward(x, w, levels=levels, tape=tape)
+        return tape.backward(dy)
+
+    return fwd, step
+
+
 def parse_shape(text: str):
     dims, levels = text.split(":")
     return tuple(int(v) for v in dims.split("x")), int(levels)
@@ -169,13 +183,7 @@ def main(argv=None) -> int:
             inputs, _held = make_inputs(shape, levels, args.kernel_size,
                                         storage)
 
-            def fwd(x, w, dy):
-                return wt.forward(x, w, levels=levels)
-
-            def step(x, w, dy):
-                tape = wt.Tape()
-                wt.forward(x, w, levels=levels, tape=tape)
-                return tape.backward(dy)
+            fwd, step = layer_calls(levels)
 
             # every setting's y and dx against the current rule's (validated by the tests)
             ref = None

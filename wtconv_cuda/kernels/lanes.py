@@ -100,11 +100,8 @@ class LaneSpec(NamedTuple):
     lanes: int = 2
     max_registers: int = 0
     tap_batch: int = TAP_BATCH
-
-    @property
-    def threads(self) -> int:
-        """Threads per block (the compiler's ``.maxntid``)."""
-        return THREADS
+    #: Threads per block (the compiler's ``.maxntid``); not a field.
+    threads = THREADS
 
 
 class LaneForwardSpec(NamedTuple):
@@ -123,11 +120,8 @@ class LaneForwardSpec(NamedTuple):
     levels: int
     lanes: int = 2
     max_registers: int = 0
-
-    @property
-    def threads(self) -> int:
-        """Threads per block (the compiler's ``.maxntid``)."""
-        return THREADS
+    #: Threads per block (the compiler's ``.maxntid``); not a field.
+    threads = THREADS
 
 
 class LaneLayout(NamedTuple):
@@ -273,20 +267,12 @@ def lane_kernel_source(spec: LaneSpec) -> str:
     """
     lay = lane_layout(spec)
     K, L, H, W = spec.kernel_size, spec.levels, spec.height, spec.width
-    N, lanes, K2 = planes_per_block(spec), spec.lanes, K * K
+    lanes, K2 = spec.lanes, K * K
     sizes = grids(H, W, L)
     e = _Emitter()
     e("def wtconv_lanes(dy, x, part, B, C):")
     with e.indent():
-        e("S = cuda.shared.array(0, dtype=float32)",
-          "t = int64(cuda.threadIdx.x)",
-          "fz = float32(0.0)",
-          f"nchunks = B // {N}",
-          "blk = int64(cuda.blockIdx.x)",
-          "c = blk // nchunks",
-          f"b0 = (blk - c * nchunks) * {N}")
-        _emit_stage(e, spec, lay)
-        e("cuda.syncwarp()")
+        _emit_block_start(e, spec, lay, ("x", "dy"))
         if lanes == 2:
             e("h = t & 1", f"xs = (t >> 1) * {lay.slot}",
               "mask0 = int32(h - 1)", "mask1 = int32(-h)")  # all ones in half 0 / half 1
@@ -372,21 +358,13 @@ def lane_forward_source(spec: LaneForwardSpec) -> str:
     """
     lay = lane_layout(spec)
     K, L, H, W = spec.kernel_size, spec.levels, spec.height, spec.width
-    N, lanes, K2 = planes_per_block(spec), spec.lanes, K * K
+    lanes, K2 = spec.lanes, K * K
     sizes = grids(H, W, L)
     ld = lambda expr: _load(spec.storage, expr)  # noqa: E731
     e = _Emitter()
     e("def wtconv_lanes_forward(x, y, w0, bias, s0, ww, ws, B, C, has_bias):")
     with e.indent():
-        e("S = cuda.shared.array(0, dtype=float32)",
-          "t = int64(cuda.threadIdx.x)",
-          "fz = float32(0.0)",
-          f"nchunks = B // {N}",
-          "blk = int64(cuda.blockIdx.x)",
-          "c = blk // nchunks",
-          f"b0 = (blk - c * nchunks) * {N}")
-        _emit_stage(e, spec, lay, ("x",))
-        e("cuda.syncwarp()")
+        _emit_block_start(e, spec, lay, ("x",))
         if lanes == 2:
             e("h = t & 1", f"xs = (t >> 1) * {lay.slot}")
         else:
@@ -518,6 +496,21 @@ def _emit_store(e: _Emitter, spec, lay: LaneLayout) -> None:
                 e(f"if px{m} < {HW}:")
                 with e.indent():
                     _store(e, spec.storage, f"y[gn + {m * THREADS}]", value)
+
+
+def _emit_block_start(e: _Emitter, spec, lay: LaneLayout, arrays) -> None:
+    """The block's channel ``c`` and first batch entry ``b0``, its planes of ``arrays``
+    staged (:func:`_emit_stage`), then a warp barrier."""
+    N = planes_per_block(spec)
+    e("S = cuda.shared.array(0, dtype=float32)",
+      "t = int64(cuda.threadIdx.x)",
+      "fz = float32(0.0)",
+      f"nchunks = B // {N}",
+      "blk = int64(cuda.blockIdx.x)",
+      "c = blk // nchunks",
+      f"b0 = (blk - c * nchunks) * {N}")
+    _emit_stage(e, spec, lay, arrays)
+    e("cuda.syncwarp()")
 
 
 def _emit_stage(e: _Emitter, spec, lay: LaneLayout, arrays=("x", "dy")) -> None:

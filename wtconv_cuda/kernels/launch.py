@@ -1057,22 +1057,15 @@ def plan_lanes(problem: Problem, shared_limit: int, max_slots: int, tuning: Tuni
     LaneLaunch or None
     """
     p = problem
-    pixels = p.height * p.width
-    lanes = tuning.lanes
-    if lanes is None:
-        lanes = LANES_DEFAULT if pixels <= LANES_MAX_PIXELS else 0
-    elif pixels > LANES_FORCE_MAX_PIXELS:
-        return None
-    if not lanes or p.stride != 1:
+    lanes = _lanes_for(p, tuning.lanes, LANES_MAX_PIXELS)
+    if not lanes:
         return None
     spec = lane_spec_fitted(LaneSpec(p.kernel_size, p.storage, p.height, p.width, p.levels,
                                      lanes, tuning.max_registers or 0))
+    shared = _lane_block_fits(p, spec, shared_limit)
+    if shared is None:
+        return None
     planes = lane_planes(spec)
-    if p.batch % planes:
-        return None
-    shared = lane_shared_bytes(spec)
-    if shared > shared_limit:
-        return None
     if dx_forward_plan(p, shared_limit, max_slots, tuning) is None:
         return None
     nchunks = p.batch // planes
@@ -1129,22 +1122,37 @@ def plan_lanes_forward(problem: Problem, shared_limit: int, tuning: Tuning = Tun
     LaneForwardLaunch or None
     """
     p = problem
-    pixels = p.height * p.width
-    lanes = tuning.lanes_forward
-    if lanes is None:
-        lanes = LANES_DEFAULT if pixels <= LANES_FORWARD_MAX_PIXELS else 0
-    elif pixels > LANES_FORCE_MAX_PIXELS:
-        return None
-    if not lanes or p.stride != 1:
+    lanes = _lanes_for(p, tuning.lanes_forward, LANES_FORWARD_MAX_PIXELS)
+    if not lanes:
         return None
     spec = LaneForwardSpec(p.kernel_size, p.storage, p.height, p.width, p.levels, lanes,
                            tuning.max_registers or 0)
-    planes = lane_planes(spec)
-    shared = lane_shared_bytes(spec)
-    if p.batch % planes or shared > shared_limit:
+    shared = _lane_block_fits(p, spec, shared_limit)
+    if shared is None:
         return None
-    return LaneForwardLaunch(spec, p.channels * p.batch // planes, shared,
+    return LaneForwardLaunch(spec, p.channels * p.batch // lane_planes(spec), shared,
                              _int64s(p.batch, p.channels, int(p.has_bias)))
+
+
+def _lanes_for(problem: Problem, asked, default_max_pixels: int) -> int:
+    """Threads per plane a lane kernel takes ``problem`` with (0: it does not): ``asked``
+    (a `Tuning` field) for planes of up to `LANES_FORCE_MAX_PIXELS`, or where it is
+    None `LANES_DEFAULT` for planes of up to ``default_max_pixels``; stride 1 only."""
+    pixels = problem.height * problem.width
+    if asked is None:
+        asked = LANES_DEFAULT if pixels <= default_max_pixels else 0
+    elif pixels > LANES_FORCE_MAX_PIXELS:
+        return 0
+    return asked if problem.stride == 1 else 0
+
+
+def _lane_block_fits(problem: Problem, spec, shared_limit: int):
+    """The block's shared bytes where ``B`` fills whole blocks of ``spec``'s planes and
+    the buffer fits ``shared_limit``, else None."""
+    shared = lane_shared_bytes(spec)
+    if problem.batch % lane_planes(spec) or shared > shared_limit:
+        return None
+    return shared
 
 
 class SplitPlan(NamedTuple):
