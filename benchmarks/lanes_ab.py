@@ -10,10 +10,10 @@ threads a plane, for planes of up to ``LANES_FORCE_MAX_PIXELS``) and ``all1``
 / ``all2`` (the forward and the backward's ``dx`` forward on its forward
 too, ``LANES_FORWARD_MAX_PIXELS``) for ``--rounds`` rounds, plan and program caches
 cleared at every switch, kernels compiled beforehand, and prints in us the
-median over ``--repeats`` calls with rotating inputs of ``fwd b2b`` (forwards
-back to back, per call), ``step`` (events around one forward and backward
-after the GPU went idle) and ``step b2b`` (back to back, per step), and
-``bwd`` = ``step b2b - fwd b2b``. Every setting's ``y``, ``dx`` and gradients are
+median over ``--repeats`` calls with rotating inputs of ``fwd`` and ``step``
+(events around one forward, or one forward and backward, after the GPU went
+idle), ``fwd b2b`` and ``step b2b`` (back to back, per call), and ``bwd`` =
+``step b2b - fwd b2b``. Every setting's ``y``, ``dx`` and gradients are
 compared with the ``plane`` setting's first. Inputs are random normal, never
 zeros.
 
@@ -144,7 +144,7 @@ def measure(name: str, problem: Problem, settings: list, args, limits, cc) -> li
     """Compile, compare and time one problem under every setting; its JSON rows."""
     import cupy
 
-    from split_threshold import back_to_back_us, event_us, layer_calls, make_inputs
+    from split_threshold import layer_calls, make_inputs, time_round
 
     compile_all(variants(problem, settings, limits,
                          lambda line: print(f"{name} {line}", flush=True)), cc, args.jobs)
@@ -161,17 +161,13 @@ def measure(name: str, problem: Problem, settings: list, args, limits, cc) -> li
         print(f"{name} {setting}: max over y, dx and the gradients of "
               f"max |g - g_plane| / max |g_plane| {diff:.2e}", flush=True)
     del ref, got
-    results = {s: {"fwd b2b": [], "step": [], "step b2b": [], "bwd": []} for s in settings}
+    results = {s: {"fwd": [], "fwd b2b": [], "step": [], "step b2b": [], "bwd": []}
+               for s in settings}
     for _ in range(args.rounds):
         for setting in settings:
             use(setting)
-            for fn in (fwd, step):  # warm: programs recorded, buffers pooled
-                for i in range(3):
-                    fn(*inputs[i])
             r = results[setting]
-            r["fwd b2b"].append(back_to_back_us(fwd, inputs, args.repeats))
-            r["step"].append(event_us(step, inputs, args.repeats))
-            r["step b2b"].append(back_to_back_us(step, inputs, args.repeats))
+            time_round(fwd, step, inputs, args.repeats, r)
             r["bwd"].append(r["step b2b"][-1] - r["fwd b2b"][-1])
     rows = []
     for setting in settings:

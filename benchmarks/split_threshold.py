@@ -98,6 +98,17 @@ def back_to_back_us(fn, inputs, repeats: int) -> float:
     return cupy.cuda.get_elapsed_time(start, stop) * 1e3 / repeats
 
 
+def time_round(fwd, step, inputs, repeats: int, results: dict) -> None:
+    """Warm ``fwd`` and ``step`` (programs recorded, buffers pooled), then append one
+    round's ``fwd``, ``fwd b2b``, ``step`` and ``step b2b`` (us) to ``results``."""
+    for fn in (fwd, step):
+        for i in range(3):
+            fn(*inputs[i])
+    for key, fn, timer in (("fwd", fwd, event_us), ("fwd b2b", fwd, back_to_back_us),
+                           ("step", step, event_us), ("step b2b", step, back_to_back_us)):
+        results[key].append(timer(fn, inputs, repeats))
+
+
 def layer_calls(levels: int):
     """``fwd(x, w, dy)``, a forward, and ``step(x, w, dy)``, a forward with a
     ``Tape`` and its backward (``(dx, gradients)``), through ``wtconv_cuda``."""
@@ -202,14 +213,7 @@ def main(argv=None) -> int:
             for _ in range(args.rounds):
                 for setting in settings:
                     set_rule(args.edge, rule_of[setting])
-                    for fn in (fwd, step):  # warm: programs recorded, buffers pooled
-                        for i in range(3):
-                            fn(*inputs[i])
-                    r = results[setting]
-                    r["fwd"].append(event_us(fwd, inputs, args.repeats))
-                    r["fwd b2b"].append(back_to_back_us(fwd, inputs, args.repeats))
-                    r["step"].append(event_us(step, inputs, args.repeats))
-                    r["step b2b"].append(back_to_back_us(step, inputs, args.repeats))
+                    time_round(fwd, step, inputs, args.repeats, results[setting])
             set_rule(args.edge, current)
             for setting in settings:
                 cells = "  ".join(f"{name} " + "/".join(f"{v:.1f}" for v in values)
