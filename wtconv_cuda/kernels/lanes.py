@@ -32,7 +32,8 @@ A thread's work, with ``lanes`` 2 (``h`` = 0 or 1 is its half):
    pyramids. Warp barriers separate the phases.
 4. After each group of taps the thread's sums go through the warp's
    transpose tile: lane ``i`` adds tap ``i`` of the batch over the 32 lanes
-   in lane order and writes it to the block's partial (deterministic). The
+   in lane order (a level tap over the 16 lanes of its subband) and writes it
+   to the block's partial (deterministic). The
    raw butterflies make level ``j``'s products ``4**j`` times the
    operator's; the partial carries ``4**-(j-1)`` of that (exact powers of
    two), the convention of the plane kernel's partials, so
@@ -274,8 +275,7 @@ def lane_kernel_source(spec: LaneSpec) -> str:
     with e.indent():
         _emit_block_start(e, spec, lay, ("x", "dy"))
         if lanes == 2:
-            e("h = t & 1", f"xs = (t >> 1) * {lay.slot}",
-              "mask0 = int32(h - 1)", "mask1 = int32(-h)")  # all ones in half 0 / half 1
+            e("h = t & 1", f"xs = (t >> 1) * {lay.slot}")
         else:
             e("h = int64(0)", f"xs = t * {lay.slot}")
         e(f"gs = xs + {lay.dy}",
@@ -288,8 +288,8 @@ def lane_kernel_source(spec: LaneSpec) -> str:
         plane = _Band(H, W, lay.pitch, 1)
         _emit_correlation(e, K, plane, "gs", "xs", "h" if lanes == 2 else "0", lanes, bias=True)
         for t in range(K2):
-            batch.add(f"acc_{t // K}_{t % K}", 1.0)
-        batch.add("bsum", 1.0)
+            batch.add(f"acc_{t // K}_{t % K}", 1.0, (t,))
+        batch.add("bsum", 1.0, (K2,))
 
         for j in range(1, L + 1):
             e("cuda.syncwarp()", f"# ---- level {j} ----")
@@ -299,24 +299,22 @@ def lane_kernel_source(spec: LaneSpec) -> str:
             hj, wj = sizes[j]
             band = _Band(hj, wj, 2 * step * lay.pitch, 2 * step)
             scale = 4.0 ** -(j - 1)
+            taps = K2 + 1 + (j - 1) * 4 * K2  # level j's first tap
             if lanes == 2:
-                # subbands k = h + 2 e: column bit h, row bit e. A thread's sums go to
-                # its subband's taps and zeros to the other half's, through bit masks
-                # (mask0 keeps a value in half 0, mask1 in half 1): a conditional
-                # expression per tap made numba's control-flow graph deeper than its
-                # recursive walk allows (L 4 at 13 x 11, K 5).
+                # subbands k = h + 2 e (column bit h, row bit e): the even lanes hold
+                # subband 2 e, the odd ones 2 e + 1, in paired slots
                 for e_bit in (0, 1):
                     off = f"h * {step} + {e_bit * step * lay.pitch}"
                     _emit_correlation(e, K, band, f"gs + {off}", f"xs + {off}", "0", 1)
-                    for k in (2 * e_bit, 2 * e_bit + 1):
-                        for t in range(K2):
-                            batch.add(_masked(f"acc_{t // K}_{t % K}", f"mask{k % 2}"), scale)
+                    for t in range(K2):
+                        batch.add(f"acc_{t // K}_{t % K}", scale,
+                                  (taps + 2 * e_bit * K2 + t, taps + (2 * e_bit + 1) * K2 + t))
             else:
                 for k in range(4):
                     off = (k >> 1) * step * lay.pitch + (k & 1) * step
                     _emit_correlation(e, K, band, f"gs + {off}", f"xs + {off}", "0", 1)
                     for t in range(K2):
-                        batch.add(f"acc_{t // K}_{t % K}", scale)
+                        batch.add(f"acc_{t // K}_{t % K}", scale, (taps + k * K2 + t,))
         batch.flush()
     return e.text()
 
@@ -604,12 +602,6 @@ def _emit_correlation(e: _Emitter, K: int, band: _Band, gbase: str, ubase: str, 
         e(f"qy += {step}")
 
 
-def _masked(value: str, mask: str) -> str:
-    """``value`` where the int32 ``mask`` is all ones, an exact +0.0 where it is zero
-    (bit operations: no branch, and a NaN is masked too)."""
-    return f"libdevice.int_as_float(libdevice.float_as_int({value}) & {mask})"
-
-
 def _plus(base: str, offset: int) -> str:
     """``base`` plus a constant, written with its sign."""
     return f"{base} - {-offset}" if offset < 0 else f"{base} + {offset}"
@@ -703,35 +695,47 @@ def _combine(a, b, op: str):
 
 
 class _Batches:
-    """Per-thread tap sums into the warp's transpose tile; every ``size`` taps lane ``i``
-    adds tap ``i`` of the batch over the 32 lanes in lane order, scales it (an exact
-    power of two) and writes it to the block's partial."""
+    """Per-thread tap sums into the warp's transpose tile, reduced every ``size`` slots.
+
+    A slot holds one value per lane. A *plain* slot is one tap: lane ``i`` of
+    the flush adds slot ``i`` over the 32 lanes in lane order. A *paired* slot
+    (two threads a plane, level taps) holds subband ``2 e`` in the even lanes
+    and ``2 e + 1`` in the odd ones: lane ``i`` adds the even lanes into the
+    first tap and the odd lanes into the second, each in lane order. A batch
+    holds one kind, its taps consecutive (a slot that is not the next one
+    flushes the batch first); sums are scaled (exact powers of two) and
+    written to the block's partial.
+    """
 
     def __init__(self, e: _Emitter, size: int) -> None:
         self.e, self.size = e, size
-        self.first = 0
-        self.scales: list[float] = []
+        self.slots: list = []  # (taps, scale) per slot; taps: (tap,) or (even, odd)
 
-    def add(self, value: str, scale: float) -> None:
-        """Store this thread's sum of the next tap; ``scale`` multiplies the warp's sum."""
-        self.e(f"S[tile_in + {len(self.scales) * (THREADS + 1)}] = {value}")
-        self.scales.append(scale)
-        if len(self.scales) == self.size:
+    def add(self, value: str, scale: float, taps: tuple) -> None:
+        """Store this thread's ``value`` in the next slot, for ``taps``."""
+        if self.slots and tuple(taps) != tuple(f + len(self.slots)
+                                               for f in self.slots[0][0]):
+            self.flush()  # another kind, or not the batch's next taps
+        self.e(f"S[tile_in + {len(self.slots) * (THREADS + 1)}] = {value}")
+        self.slots.append((tuple(taps), scale))
+        if len(self.slots) == self.size:
             self.flush()
 
     def flush(self) -> None:
-        if not self.scales:
+        if not self.slots:
             return
-        e, count = self.e, len(self.scales)
+        e, count, first = self.e, len(self.slots), self.slots[0][0]
+        assert all(taps == tuple(f + i for f in first) for i, (taps, _) in enumerate(self.slots))
         e("cuda.syncwarp()", f"if t < {count}:")
         with e.indent():
-            terms = " + ".join(f"S[tile_out + {m}]" for m in range(THREADS))
-            e(f"wsum = {terms}")
-            e(f"sc = float32({self.scales[0]!r})")
+            e(f"sc = float32({self.slots[0][1]!r})")
             for i in range(1, count):
-                if self.scales[i] != self.scales[i - 1]:
-                    e(f"if t >= {i}:", f"    sc = float32({self.scales[i]!r})")
-            e(f"part[pbase + {self.first} + t] = wsum * sc")
+                if self.slots[i][1] != self.slots[i - 1][1]:
+                    e(f"if t >= {i}:", f"    sc = float32({self.slots[i][1]!r})")
+            groups = [range(THREADS)] if len(first) == 1 else [range(0, THREADS, 2),
+                                                                 range(1, THREADS, 2)]
+            for tap, lanes in zip(first, groups):
+                e("wsum = " + " + ".join(f"S[tile_out + {m}]" for m in lanes),
+                  f"part[pbase + {tap} + t] = wsum * sc")
         e("cuda.syncwarp()")
-        self.first += count
-        self.scales = []
+        self.slots = []
