@@ -34,8 +34,9 @@ from wtconv_cuda.kernels.compiler import distinct
 from wtconv_cuda.kernels.launch import Problem, planned_specs
 from wtconv_cuda.kernels.warmup import compile_all
 
-#: The dtypes wtconv_cuda.forward takes on CuPy arrays (as split_threshold.py names them).
-DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+from split_threshold import (
+    DTYPES, add_common_options, layer_calls, make_inputs, parse_shape, time_round,
+)
 #: setting -> (LANES_MAX_PIXELS, LANES_DEFAULT, LANES_FORWARD_MAX_PIXELS): the weight
 #: gradients on the lane kernel (lanes1, lanes2), and the forwards too (all1, all2).
 _ALL = launch.LANES_FORCE_MAX_PIXELS
@@ -57,12 +58,6 @@ def use(setting: str) -> None:
         gpu._program.cache_clear()
     except ImportError:  # no CuPy: nothing recorded
         pass
-
-
-def parse_shape(text: str):
-    """``BxCxHxW:L`` as ``((B, C, H, W), L)``."""
-    dims, levels = text.split(":")
-    return tuple(int(v) for v in dims.split("x")), int(levels)
 
 
 def variants(problem: Problem, settings, limits, log=None) -> list:
@@ -88,12 +83,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", nargs="+", required=True, help="BxCxHxW:L, stride 1")
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
-    parser.add_argument("--dtypes", nargs="+", default=["fp32"], choices=list(DTYPES))
-    parser.add_argument("--kernel-size", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--jobs", type=int, default=8, help="compile processes")
-    parser.add_argument("--json", default=None)
+    add_common_options(parser)
     parser.add_argument("--compile-only", action="store_true",
                         help="compile the variants for sm_90 and the H200's limits, then stop")
     args = parser.parse_args(argv)
@@ -143,8 +133,6 @@ def main(argv=None) -> int:
 def measure(name: str, problem: Problem, settings: list, args, limits, cc) -> list:
     """Compile, compare and time one problem under every setting; its JSON rows."""
     import cupy
-
-    from split_threshold import layer_calls, make_inputs, time_round
 
     compile_all(variants(problem, settings, limits,
                          lambda line: print(f"{name} {line}", flush=True)), cc, args.jobs)

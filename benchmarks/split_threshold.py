@@ -35,7 +35,10 @@ import argparse
 import json
 import statistics
 
-import cupy
+try:  # lanes_ab.py --compile-only imports this module's helpers on machines without CuPy
+    import cupy
+except ImportError:  # pragma: no cover - only the timing functions need it
+    cupy = None
 import wtconv_cuda as wt
 from wtconv_cuda import gpu
 from wtconv_cuda.kernels import launch
@@ -98,6 +101,17 @@ def back_to_back_us(fn, inputs, repeats: int) -> float:
     return cupy.cuda.get_elapsed_time(start, stop) * 1e3 / repeats
 
 
+def add_common_options(parser: argparse.ArgumentParser) -> None:
+    """The A/B scripts' shared options: dtypes, kernel size, rounds, repeats, compile
+    processes and the JSON output."""
+    parser.add_argument("--dtypes", nargs="+", default=["fp32"], choices=list(DTYPES))
+    parser.add_argument("--kernel-size", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--jobs", type=int, default=8, help="compile processes")
+    parser.add_argument("--json", default=None)
+
+
 def time_round(fwd, step, inputs, repeats: int, results: dict) -> None:
     """Warm ``fwd`` and ``step`` (programs recorded, buffers pooled), then append one
     round's ``fwd``, ``fwd b2b``, ``step`` and ``step b2b`` (us) to ``results``."""
@@ -157,12 +171,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rule", action="append", default=[],
                         help="fields replaced, e.g. inner=1,min_pixels=0 (repeatable)")
     parser.add_argument("--min-pixels", type=int, help="shorthand of --rule min_pixels=N")
-    parser.add_argument("--dtypes", nargs="+", default=["fp32"], choices=list(DTYPES))
-    parser.add_argument("--kernel-size", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--jobs", type=int, default=8, help="compile processes")
-    parser.add_argument("--json", default=None)
+    add_common_options(parser)
     args = parser.parse_args(argv)
 
     current = launch.SPLIT_SMALL_TILES[args.edge]

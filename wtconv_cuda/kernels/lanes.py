@@ -54,6 +54,7 @@ slots lie an odd number of words apart.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import NamedTuple
 
 from .codegen import STORAGE, _Emitter, _load, _store
@@ -415,7 +416,6 @@ def _emit_convolution(e: _Emitter, K: int, band: _Band, ubase: str, groups: list
     pixels it covers (``2**j x 2**j`` of them, fewer on the last row or
     column).
     """
-    P = (K - 1) // 2
     rows, cols = band.rows, band.cols
     e(f"qy = int64({start})", f"while qy < {rows}:")
     with e.indent():
@@ -423,25 +423,13 @@ def _emit_convolution(e: _Emitter, K: int, band: _Band, ubase: str, groups: list
         for g in range(len(groups)):
             e(", ".join(f"acc{g}_{qx}" for qx in range(cols)) + " = "
               + ", ".join(start_value for _ in range(cols)))
-        for a in range(K):
-            d = a - P
-            if d >= rows or -d >= rows:
-                continue  # no row of the band has this source row
-            tests = ([f"qy >= {-d}"] if d < 0 else []) + ([f"qy < {rows - d}"] if d > 0 else [])
-            if tests:
-                e(f"if {' and '.join(tests)}:")
-            with e.indent() if tests else _Same():
-                for g, (offset, taps) in enumerate(groups):
-                    used = sorted({qx + b - P for qx in range(cols) for b in range(K)
-                                   if 0 <= qx + b - P < cols})
-                    for col in used:
-                        at = offset + d * band.rstep + col * band.cstep
-                        e(f"u_{col} = S[{_plus('ur', at)}]")
-                    for qx in range(cols):
-                        for b in range(K):
-                            col = qx + b - P
-                            if 0 <= col < cols:
-                                e(f"acc{g}_{qx} += {taps}_{a}_{b} * u_{col}")
+        for a, d, columns, products in _tap_rows(e, K, rows, cols):
+            for g, (offset, taps) in enumerate(groups):
+                for col in columns:
+                    at = offset + d * band.rstep + col * band.cstep
+                    e(f"u_{col} = S[{_plus('ur', at)}]")
+                for qx, b, col in products:
+                    e(f"acc{g}_{qx} += {taps}_{a}_{b} * u_{col}")
         if synthesis is None:
             e(f"yr = ys + qy * {band.rstep}")
             e(*(f"S[yr + {qx * band.cstep}] = acc0_{qx}" for qx in range(cols)))
@@ -472,7 +460,7 @@ def _emit_synthesis_adds(e: _Emitter, rows: int, cols: int, j: int, H: int, W: i
                     continue
                 if limit < rows:
                     e(f"if qy < {limit}:")
-                with e.indent() if limit < rows else _Same():
+                with e.indent() if limit < rows else nullcontext():
                     e(*(f"S[yr + {o * pitch + px}] += z{by}{bx}" for bx, px in pixels))
 
 
@@ -565,7 +553,6 @@ def _emit_correlation(e: _Emitter, K: int, band: _Band, gbase: str, ubase: str, 
     columns. Each sum adds its terms in row-major order of ``(qy, qx)``.
     ``bias`` also sums ``g`` into ``bsum``.
     """
-    P = (K - 1) // 2
     rows, cols = band.rows, band.cols
     names = [f"acc_{a}_{b}" for a in range(K) for b in range(K)]
     e(", ".join(names) + " = " + ", ".join("fz" for _ in names))
@@ -578,27 +565,11 @@ def _emit_correlation(e: _Emitter, K: int, band: _Band, gbase: str, ubase: str, 
             e(f"g_{qx} = S[gr + {qx * band.cstep}]")
         if bias:
             e(*(f"bsum += g_{qx}" for qx in range(cols)))
-        for a in range(K):
-            d = a - P
-            if d >= rows or -d >= rows:
-                continue  # no row of the band has this source row
-            tests = []
-            if d < 0:
-                tests.append(f"qy >= {-d}")
-            if d > 0:
-                tests.append(f"qy < {rows - d}")
-            if tests:
-                e(f"if {' and '.join(tests)}:")
-            with e.indent() if tests else _Same():
-                used = sorted({qx + b - P for qx in range(cols) for b in range(K)
-                               if 0 <= qx + b - P < cols})
-                for col in used:
-                    e(f"u_{col} = S[{_plus('ur', d * band.rstep + col * band.cstep)}]")
-                for qx in range(cols):
-                    for b in range(K):
-                        col = qx + b - P
-                        if 0 <= col < cols:
-                            e(f"acc_{a}_{b} += g_{qx} * u_{col}")
+        for a, d, columns, products in _tap_rows(e, K, rows, cols):
+            for col in columns:
+                e(f"u_{col} = S[{_plus('ur', d * band.rstep + col * band.cstep)}]")
+            for qx, b, col in products:
+                e(f"acc_{a}_{b} += g_{qx} * u_{col}")
         e(f"qy += {step}")
 
 
@@ -607,14 +578,30 @@ def _plus(base: str, offset: int) -> str:
     return f"{base} - {-offset}" if offset < 0 else f"{base} + {offset}"
 
 
-class _Same:
-    """A context that changes nothing (no indent)."""
+def _tap_rows(e: _Emitter, K: int, rows: int, cols: int):
+    """The tap rows of a row loop over a band of ``rows x cols`` values (row ``qy``).
 
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc) -> None:
-        return None
+    For each tap row ``a`` whose source row ``qy + d`` (``d = a - P``) lies
+    in the band for some ``qy``, emits its warp-uniform test (none where it
+    always holds) and yields ``(a, d, columns, products)`` with the emitter
+    inside it: the source columns the row's products read, and its products
+    ``(qx, b, col)`` (output or gradient column ``qx``, tap column ``b``,
+    source column ``col = qx + b - P``), terms outside the band dropped, in
+    the order the sums add them.
+    """
+    P = (K - 1) // 2
+    products = [(qx, b, qx + b - P) for qx in range(cols) for b in range(K)
+                if 0 <= qx + b - P < cols]
+    columns = sorted({col for _, _, col in products})
+    for a in range(K):
+        d = a - P
+        if d >= rows or -d >= rows:
+            continue  # no row of the band has this source row
+        tests = ([f"qy >= {-d}"] if d < 0 else []) + ([f"qy < {rows - d}"] if d > 0 else [])
+        if tests:
+            e(f"if {' and '.join(tests)}:")
+        with e.indent() if tests else nullcontext():
+            yield a, d, columns, products
 
 
 def _emit_transform(e: _Emitter, spec, lay: LaneLayout, sizes: list, j: int,
