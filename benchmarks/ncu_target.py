@@ -7,11 +7,17 @@ Warm-up calls compile and load the kernels first; ``ncu --launch-skip`` in
     python benchmarks/ncu_target.py 64 96 56 56 5 5 backward   # backward calls only
     python benchmarks/ncu_target.py 64 96 56 56 5 5 forward    # three forwards only
     python benchmarks/ncu_target.py 64 96 56 56 5 5 plane-launches   # print, run nothing
+    python benchmarks/ncu_target.py 64 384 14 14 3 5 backward lanes=2  # lane kernels on
 
 ``plane-launches`` prints how many ``wtconv_plane`` launches one backward at
 that shape issues (fp32, as planned on this GPU): the last of them computes
 the weight gradients, so ``--kernel-name regex:wtconv_plane --launch-skip
 $((4 * n - 1))`` selects it in the fourth (measured) backward.
+
+An argument ``lanes=1`` or ``lanes=2`` turns the lane kernels on for the
+forward and the backward (:mod:`wtconv_cuda.kernels.lanes`, off by default);
+``lane-launches`` then prints the ``wtconv_lanes`` launches of one backward,
+the weight-gradient kernel being the last of them.
 """
 
 import sys
@@ -46,12 +52,42 @@ def plane_launches(b, c, h, w, levels, k) -> int:
     return backward + forward
 
 
+def lane_launches(b, c, h, w, levels, k) -> int:
+    """Launches matching ``wtconv_lanes`` in one fp32 backward (lane kernels on)."""
+    from wtconv_cuda.kernels.lanes import LaneForwardSpec, LaneSpec
+    from wtconv_cuda.kernels.launch import (CupyBackend, Problem, dx_forward_batches,
+                                            planned_specs)
+
+    backend = CupyBackend()
+    limits = (backend.shared_limit, backend.max_slots)
+    problem = Problem(b, c, h, w, k, levels, 1, "float32", True)
+    backward = sum(isinstance(spec, LaneSpec) for spec in planned_specs(problem, True, *limits))
+    forward = sum(isinstance(spec, LaneForwardSpec)
+                  for chunk in dx_forward_batches(problem, *limits)
+                  for spec in planned_specs(problem._replace(batch=chunk), False, *limits))
+    return backward + forward
+
+
+def use_lanes(threads: int) -> None:
+    """The lane kernels for every plane they take, ``threads`` threads a plane."""
+    from wtconv_cuda.kernels import launch
+
+    launch.LANES_MAX_PIXELS = launch.LANES_FORWARD_MAX_PIXELS = launch.LANES_FORCE_MAX_PIXELS
+    launch.LANES_DEFAULT = threads
+    launch.clear_plan_caches()
+
+
 def main():
     b, c, h, w, levels, k = (int(v) for v in sys.argv[1:7])
-    if sys.argv[7:] == ["plane-launches"]:
+    mode = [arg for arg in sys.argv[7:] if not arg.startswith("lanes=")]
+    for arg in set(sys.argv[7:]) - set(mode):
+        use_lanes(int(arg[len("lanes="):]))
+    if mode == ["plane-launches"]:
         print(plane_launches(b, c, h, w, levels, k))
         return
-    mode = sys.argv[7:]
+    if mode == ["lane-launches"]:
+        print(lane_launches(b, c, h, w, levels, k))
+        return
     backward_only = mode == ["backward"]
     rng = np.random.default_rng(0)
     weights = wt.init_weights(c, k, levels, dtype=np.float32, seed=0)

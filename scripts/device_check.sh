@@ -55,6 +55,9 @@
 #   lanes      the lane kernels (weight gradients and forward, a plane to one or two
 #              threads): their GPU tests, then benchmarks/lanes_ab.py against the
 #              default kernels at the 14 x 14 stage ($LANES_SHAPES)   (~6 min warm)
+#   lanehotspots  the same for the lane kernels (forward and weight gradients, forced on)
+#              at 64x384x14x14, L3, K5, fp32 ($LANEHOT_SHAPE, $LANEHOT_THREADS: "1 2")
+#                                                                   (~2 min warm)
 #   tileprofile  ncu occupancy, warp states, stall reasons and instruction counts of
 #              the tiled forward and backward at 8x128x512x512, L1 and L3 (~2 min)
 #
@@ -234,7 +237,7 @@ run_bwdprofile() {
     && rm -f "$OUT"/bwdprofile_*.csv "$OUT"/bwdprofile_*.err
 }
 
-# hotspot_run TAG KERNEL_REGEX SKIP MODE B C H W L K: ncu source counters of one launch of
+# hotspot_run TAG KERNEL_REGEX SKIP MODE B C H W L K [lanes=N]: ncu source counters of one launch of
 # KERNEL_REGEX (after SKIP earlier ones) in benchmarks/ncu_target.py's MODE run, and the
 # loop-by-loop summary of its SASS, appended to $OUT/hotspots_summary.txt.
 hotspot_run() {
@@ -280,6 +283,27 @@ run_tilehotspots() {
     # ncu_target.py's forward mode runs three forwards; the third one's tiles are measured
     # shellcheck disable=SC2086  # a shape is a list of arguments
     hotspot_run "tile_${shape// /x}" wtconv_tile 2 forward $shape || rc=1
+  done
+  return $rc
+}
+
+run_lanehotspots() {
+  echo "== warp samples by loop of the lane kernels (ncu source counters), 14 x 14, fp32"
+  local shape n threads rc=0
+  : >"$OUT/hotspots_summary.txt"
+  shape=${LANEHOT_SHAPE:-"64 384 14 14 3 5"}
+  for threads in ${LANEHOT_THREADS:-2}; do
+    # the forward kernel: the third of ncu_target.py's three forwards
+    # shellcheck disable=SC2086  # a shape is a list of arguments
+    hotspot_run "lanefwd${threads}_${shape// /x}" wtconv_lanes_forward 2 forward $shape \
+      "lanes=$threads" || rc=1
+    # the weight gradients: the last wtconv_lanes launch of the fourth backward
+    # shellcheck disable=SC2086
+    n=$(python3 benchmarks/ncu_target.py $shape lane-launches "lanes=$threads") \
+      || { rc=1; continue; }
+    # shellcheck disable=SC2086
+    hotspot_run "lanes${threads}_${shape// /x}" wtconv_lanes $((4 * n - 1)) backward $shape \
+      "lanes=$threads" || rc=1
   done
   return $rc
 }
@@ -515,7 +539,7 @@ print(*sorted({f"{h}x{w}:{lv}" for _, _, h, w, lv, _ in CONFIGS}))')
 
 for phase in "${phases[@]}"; do
   case "$phase" in
-    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|torchstep|stepprofile|tiles|tileprofile|split|registers|ab|bwdprofile|hotspots|tilehotspots|lanes)
+    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|torchstep|stepprofile|tiles|tileprofile|split|registers|ab|bwdprofile|hotspots|tilehotspots|lanes|lanehotspots)
       "run_$phase" || status=1 ;;
     *) echo "unknown phase: $phase"; status=2 ;;
   esac

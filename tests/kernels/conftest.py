@@ -1,10 +1,13 @@
-"""The PTX tier's background compile.
+"""The PTX tier's background compile, and a planner without the lane kernels' default rule.
 
 Tests marked ``ptx_background`` read the output of one long PTX compile
 (:data:`test_ptx.SPECS`). It starts in a subprocess as soon as collection ends and
 runs beside the simulator tests, which use one core, and the marked tests run last and
 wait for it: on a two-core CI machine the compile's quarter of an hour overlaps the
 rest of the suite instead of following it.
+
+``without_lane_rule`` plans as if the lane kernels' default rule were off: tests of
+the tiles, splits and plane kernel at 14 x 14 (which the rule now takes) use it.
 """
 
 import shutil
@@ -12,6 +15,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
+from wtconv_cuda.kernels import launch
 
 from ._ptx import CompileJob
 
@@ -58,3 +63,15 @@ def ptx_background(request) -> CompileJob:
     (under pytest-xdist) one started now."""
     job = request.config.stash.get(JOB_KEY, None)
     return _start(request.config) if job is None else job
+
+
+@pytest.fixture
+def without_lane_rule(monkeypatch):
+    """Plan with `launch.LANES_MAX_PIXELS` and `LANES_FORWARD_MAX_PIXELS` at 0 (forced
+    lanes through `Tuning` still apply), plan caches cleared before and after."""
+    monkeypatch.setattr(launch, "LANES_MAX_PIXELS", 0)
+    monkeypatch.setattr(launch, "LANES_FORWARD_MAX_PIXELS", 0)
+    launch.clear_plan_caches()
+    yield
+    monkeypatch.undo()
+    launch.clear_plan_caches()

@@ -186,6 +186,7 @@ def test_planned_specs_of_a_split_pass():
     assert specs[1:-3] == planned_specs(back.coarse, True, LIMIT, 264)
 
 
+@pytest.mark.usefixtures("without_lane_rule")  # (it takes the 14 x 14 forward)
 def test_split_forward_pools_in_place_when_the_coarse_pass_runs_on_registers():
     """The ConvNeXt-T 28 x 28 and 14 x 14 forwards' coarse problems (7 x 7) run on the
     register kernel, over the pooled band: one work buffer, the coarse output and the
@@ -299,6 +300,7 @@ def test_inner_levels_match_oracle_and_the_split(rng, monkeypatch, shape, levels
     ((8, 64, 512, 512), 5, 0),  # many tiles per plane: the split runs
     ((4, 8, 56, 56), 5, 0),     # too small to split: the plane kernel
 ])
+@pytest.mark.usefixtures("without_lane_rule")  # (it takes the 14 x 14 forwards)
 def test_planner_runs_inner_levels_where_one_tile_covers_the_plane(shape, levels, inner):
     problem = Problem(*shape, 5, levels, 1, "float32", True)
     plan = plan_tiles(problem, LIMIT)

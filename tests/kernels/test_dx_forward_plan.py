@@ -47,11 +47,8 @@ def test_convnext_stages_take_dx_from_the_forward_within_the_budget(stage, stora
 
 def test_chunks_follow_the_forward_work_buffers():
     """One chunk where the forward needs no work buffers (56 x 56 in both dtypes: its
-    coarse levels run in the tiles' blocks) or few (bfloat16 at 28 x 28: its split pools
-    in place, 0.14 x the bytes of x). At 14 x 14 the whole batch's split forward holds
-    too much (0.29 x in float32) and half a batch does not split (it runs the coarse
-    levels in its tiles' blocks): those tiles run the whole batch in one chunk, with
-    no work buffers, not two plane-kernel chunks."""
+    coarse levels run in the tiles' blocks; 14 x 14: the lane forward) or few (bfloat16
+    at 28 x 28: its split pools in place, 0.14 x the bytes of x)."""
     fp32 = Problem(64, 96, 56, 56, 5, 5, 1, "float32", True)
     assert dx_forward_plan(fp32, LIMIT, SLOTS) == DxForward((64,), Tuning())
     assert dx_forward_batches(fp32._replace(storage="bfloat16"), LIMIT, SLOTS) == (64,)
@@ -59,6 +56,22 @@ def test_chunks_follow_the_forward_work_buffers():
     bf16 = Problem(64, 192, 28, 28, 5, 4, 1, "bfloat16", True)
     assert dx_forward_plan(bf16, LIMIT, SLOTS) == DxForward((64,), Tuning())
     assert _held_fraction(bf16, (64,)) < 0.15  # the band (0.13) and the flipped filters
+    for storage in ("float32", "bfloat16"):
+        stage = Problem(64, 384, 14, 14, 5, 3, 1, storage, True)
+        assert dx_forward_plan(stage, LIMIT, SLOTS) == DxForward((64,), Tuning())
+        specs = planned_specs(stage, True, LIMIT, SLOTS)
+        assert [type(s).__name__ for s in specs] == ["FlipSpec", "LaneForwardSpec",
+                                                     "LaneSpec", "FinalizeSpec"]
+        assert work_buffers(launch._dx_problem(stage), False, LIMIT, SLOTS) == ()
+
+
+@pytest.mark.usefixtures("without_lane_rule")
+def test_inner_levels_keep_the_14x14_dx_forward_in_one_chunk():
+    """Without the lane forward (off, or a batch it does not take), the 14 x 14 stage's
+    split forward holds too much for a whole batch's ``dx`` (0.29 x the bytes of x in
+    float32) and half a batch does not split: the tiles run the coarse levels in their
+    blocks, the whole batch in one chunk with no work buffers, not two plane-kernel
+    chunks."""
     for storage in ("float32", "bfloat16"):
         stage = Problem(64, 384, 14, 14, 5, 3, 1, storage, True)
         assert dx_forward_plan(stage, LIMIT, SLOTS) == DxForward((64,), DX_INNER)
@@ -70,10 +83,11 @@ def test_chunks_follow_the_forward_work_buffers():
         assert (specs[1].levels, specs[1].inner_levels, specs[1].tile) == (1, 2, 16)
         assert work_buffers(stage, True, LIMIT, SLOTS)[1:] == (launch.plan_plane(
             stage, True, LIMIT, SLOTS).partial_floats,)
-        # the forward itself still splits (faster there, 77 against 100 us on an H200)
+        # the forward itself still splits (faster there than its tiles alone)
         assert plan_split(stage, LIMIT) is not None
 
 
+@pytest.mark.usefixtures("without_lane_rule")
 def test_chunks_split_where_their_split_fits():
     """A split too large for the budget as a whole runs as smaller splits where those
     fit: twice the 14 x 14 stage's batch in float32 splits in two chunks of 64. In

@@ -148,9 +148,12 @@ def test_backward_on_both_lane_kernels(rng, monkeypatch):
 
 def test_forward_planner_rules():
     stage = Problem(64, 384, 14, 14, 5, 3, 1, "float32", True)
-    assert launch.LANES_FORWARD_MAX_PIXELS == 0  # off by default until timed on a GPU
-    assert plan_lanes_forward(stage, LIMIT) is None
+    # the default rule takes 14 x 14 (timed on the H200) and nothing larger
+    assert launch.LANES_FORWARD_MAX_PIXELS == 14 * 14 and launch.LANES_DEFAULT == 2
     forced = plan_lanes_forward(stage, LIMIT, Tuning(lanes_forward=2))
+    assert plan_lanes_forward(stage, LIMIT) == forced
+    assert plan_lanes_forward(stage._replace(height=15), LIMIT) is None
+    assert plan_lanes_forward(stage._replace(height=15), LIMIT, Tuning(lanes_forward=2))
     assert forced.spec == LaneForwardSpec(5, "float32", 14, 14, 3, 2)
     assert forced.grid == 384 * 64 // 16 and forced.shared_bytes == shared_bytes(forced.spec)
     assert planned_specs(stage, False, LIMIT, SLOTS, Tuning(lanes_forward=2)) == [forced.spec]
@@ -219,10 +222,8 @@ def test_tap_batch_fits_a_seventh_block():
     assert plan_lanes(stage, 227 * 1024 - 1024, SLOTS, Tuning(lanes=2)).spec == spec
 
 
-def test_planner_rules(monkeypatch):
+def test_planner_rules():
     stage = Problem(64, 384, 14, 14, 5, 3, 1, "float32", True)
-    assert launch.LANES_MAX_PIXELS == 0  # off by default until timed on a GPU
-    assert plan_lanes(stage, LIMIT, SLOTS) is None
     forced = plan_lanes(stage, LIMIT, SLOTS, Tuning(lanes=2))
     assert forced.spec.lanes == 2 and forced.grid == 384 * 64 // planes_per_block(forced.spec)
     assert forced.partial_floats == forced.grid * forced.ntaps == forced.grid * 326
@@ -239,15 +240,12 @@ def test_planner_rules(monkeypatch):
     assert plan_lanes(stage, LIMIT, SLOTS, Tuning(lanes=0)) is None
     # no dx from the forward kernels (the one-kernel backward): no lane kernel
     assert plan_lanes(stage, LIMIT, SLOTS, Tuning(lanes=2, dx_forward=False)) is None
-    # the default rule, once switched on
-    monkeypatch.setattr(launch, "LANES_MAX_PIXELS", 256)
-    launch.clear_plan_caches()
-    try:
-        assert plan_lanes(stage, LIMIT, SLOTS).spec == forced.spec
-        assert plan_lanes(stage._replace(height=28, width=28), LIMIT, SLOTS) is None
-    finally:
-        monkeypatch.undo()
-        launch.clear_plan_caches()
+    # the default rule takes 14 x 14 (timed on the H200) and nothing larger
+    assert launch.LANES_MAX_PIXELS == 14 * 14
+    assert plan_lanes(stage, LIMIT, SLOTS).spec == forced.spec
+    assert plan_lanes(stage._replace(height=15), LIMIT, SLOTS) is None
+    assert plan_lanes(stage._replace(height=28, width=28), LIMIT, SLOTS) is None
+    assert plan_lanes(stage, LIMIT, SLOTS, Tuning(lanes=0)) is None
 
 
 @pytest.mark.parametrize("levels", [1, 4])

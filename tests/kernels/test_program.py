@@ -149,7 +149,7 @@ def test_replay_issues_the_planners_launches(monkeypatch, shape, levels, stride,
         e[1] for e in replayed if e[0] == "release")
 
 
-def test_replay_moves_with_the_arrays(monkeypatch):
+def test_replay_moves_with_the_arrays(monkeypatch, without_lane_rule):
     """A second call on other arrays patches their addresses, and only theirs: the pool
     and the tiles read the layer's arrays, the coarse levels only the work buffer."""
     problem = Problem(64, 384, 14, 14, 5, 3, 1, "float32", True)

@@ -965,15 +965,17 @@ def plan_registers(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(
 
 
 #: Largest plane whose weight gradients take the lane kernel by default (with
-#: `LANES_DEFAULT` threads per plane). 0: none, until it is timed on a GPU; see
-#: benchmarks/NOTES.md, thirtieth session.
-LANES_MAX_PIXELS = 0
+#: `LANES_DEFAULT` threads per plane): 14 x 14. At 64x384x14x14, L3, K5 on the
+#: H200 the backward took 98 us against the plane kernel's 251 (fp32; bf16 94
+#: against 245; benchmarks/NOTES.md, thirty-first session). Larger planes are
+#: untimed (a 28 x 28 block fits twice per multiprocessor).
+LANES_MAX_PIXELS = 196
 #: Threads per plane of the lane kernel where the default rule takes it.
 LANES_DEFAULT = 2
 #: Largest plane whose stride-1 forward (and a backward's ``dx`` forward) takes the
-#: lane kernel's forward by default, above the register kernel's planes. 0: none,
-#: until it is timed on a GPU.
-LANES_FORWARD_MAX_PIXELS = 0
+#: lane kernel's forward by default, above the register kernel's planes: 14 x 14
+#: (45 us against 77 back to back at 64x384x14x14, L3, K5, fp32 and bf16).
+LANES_FORWARD_MAX_PIXELS = 196
 #: ``Tuning(lanes=...)`` forces the lane kernel up to this many pixels (a
 #: plane's slot must still fit the block's shared memory).
 LANES_FORCE_MAX_PIXELS = 1024
