@@ -7,7 +7,8 @@ import re
 import pytest
 
 from wtconv_cuda.kernels.codegen import (
-    FinalizeSpec, PlaneSpec, _compiled_level_table, finalize_kernel_source, plane_kernel_source,
+    FinalizeSpec, PlaneSpec, _compiled_level_table, _floor_div, _floor_mod,
+    finalize_kernel_source, plane_kernel_source,
 )
 from wtconv_cuda.kernels.launch import Problem, Tuning, plan_plane
 from wtconv_cuda.kernels.layout import LEVEL_BASE
@@ -271,7 +272,7 @@ def test_fitted_tiles_take_strips_that_divide_their_rows():
 
 def test_tile_source_skips_the_padding_items():
     source = tile_kernel_source(TileSpec(5, "float32", 2, 56, 128, 7, 128, 8, False, True))
-    assert "qx = (it) & 31" in source and "if qx >= 28:" in source  # level 1 and the output
+    assert "qx = ((it) & 31)" in source and "if qx >= 28:" in source  # level 1 and the output
     # level 2: 14 items in rows of 16, a warp's two rows 4 strip rows apart (7 strip
     # rows in 8 item rows: one idle)
     assert "if qx >= 14 or qy0 >= 14:" in source
@@ -305,3 +306,20 @@ def test_tile_analysis_plan_picks_strips_for_fine_levels_singles_for_coarse():
     # 64-pixel tiles, 256 threads, K = 5: 32x32 level-1 coefficients in one round of
     # 4-row strips; 16x16 in 1-row strips; 8x8 and 4x4 as single items.
     assert [analysis_plan(5, 64 >> j, 256) for j in (1, 2, 3, 4)] == [4, 1, 0, 0]
+
+
+@pytest.mark.parametrize("divisor", [1, 2, 3, 7, 8, 16, 24, 64])
+def test_floor_div_and_mod_stand_in_any_expression(divisor):
+    """The emitted ``//`` and ``%`` (a shift and a mask for powers of two) give Python's
+    floor results for every sign, inside larger expressions too: ``slot - slot % 16``
+    once became ``slot - (slot) & 15``, which Python (and numba) read as ``(slot -
+    slot) & 15``, and the backward tiles of 8 x 32 x 128 x 128 lost their dx."""
+    for a in range(-70, 70):
+        for b in (-5, 0, 3):
+            scope = {"a": a, "b": b}
+            assert eval(f"a - {_floor_mod('a', divisor)}", scope) == a - a % divisor
+            assert eval(f"b * {_floor_mod('a - b', divisor)} * 2", scope) == (
+                b * ((a - b) % divisor) * 2)
+            assert eval(f"b - {_floor_div('a - b', divisor)} * 3", scope) == (
+                b - (a - b) // divisor * 3)
+            assert eval(f"-{_floor_div('a', divisor)} ** 1", scope) == -(a // divisor)

@@ -14,14 +14,14 @@ import pytest
 
 from wtconv_cuda import reference
 from wtconv_cuda.kernels import compiler, tiles
-from wtconv_cuda.kernels.launch import Tuning, plan_tiles, run_forward
+from wtconv_cuda.kernels.launch import Tuning, Weights, plan_tiles, run_backward, run_forward
 from wtconv_cuda.kernels.tiles import (
     StripOrder, TileSpec, inner_conv_wavefronts, inner_plane_stride, strip_order,
     strip_wavefronts, tile_geometry, tile_kernel_source,
 )
 
 from ._backends import RecordingBackend
-from ._oracle import random_layer
+from ._oracle import backward_errors, random_layer
 
 simulator = pytest.mark.skipif(os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
                                reason="needs numba's CUDA simulator")
@@ -89,6 +89,38 @@ def test_strip_order_gives_the_same_bits(rng, monkeypatch):
     np.testing.assert_array_equal(ordered, natural)
 
 
+@simulator
+@pytest.mark.parametrize("backward", [False, True])
+def test_strided_order_past_its_first_block(rng, backward):
+    """A 32-pixel tile on 32 threads whose strip phases deal 8 or 16 item rows in blocks
+    of 4 or 8: rows past the first block are placed from that block's start. (That
+    start once read ``slot - (slot) & 3``, which is ``(slot - slot) & 3 = 0``: phases
+    computed some strip rows twice and others never; the 24-pixel tile above, one block
+    plus idle rows, could not see it. An H200 benchmark did: dx of 8 x 32 x 128 x 128,
+    L 3, off by 0.43.)"""
+    shape, levels, k = (1, 1, 37, 35), 2, 3
+    x, wts, weights, problem = random_layer(rng, shape, levels, k, 1, "float32", True)
+    tuning = Tuning(tiles=True, tile=32, threads=32, strip=2)
+    spec = plan_tiles(problem, RecordingBackend().shared_limit, tuning, backward).spec
+    source = tile_kernel_source(spec)
+    assert "first = slot - ((slot) & 3)" in source
+    assert "for it in range(tid, 128, 32):" in source  # 8 item rows of 16: two blocks
+    backend = RecordingBackend()
+    if not backward:
+        y = np.full(shape, np.nan, np.float32)
+        run_forward(backend, problem, x, y, weights, tuning)
+        want = reference.forward(x, wts, levels, 1)
+        assert np.isfinite(y).all()
+        assert np.linalg.norm(y - want) / np.linalg.norm(want) < 2e-6
+        return
+    dy = rng.standard_normal(shape).astype(np.float32)
+    dx = np.full(shape, np.nan, np.float32)
+    grads = Weights(*(np.full(a.shape, np.nan, np.float32) for a in weights))
+    run_backward(backend, problem, x, dy, dx, weights, grads, tuning)
+    errors = backward_errors(x, wts, dy, levels, 1, dx, grads, True)
+    assert all(e < 2e-6 for e in errors.values()), errors
+
+
 @pytest.mark.parametrize("size,blocks,stride,want", [
     (4, 8, 64, 2.0),       # 14 x 14 level 2: a warp reads two planes 64 words apart
     (4, 8, 68, 1.0),       # ... 68 = 4 modulo 32 puts the second on the banks left free
@@ -122,7 +154,7 @@ def test_inner_levels_read_their_planes_as_modelled():
     assert inner.strides == (68, 36)
     source = tile_kernel_source(spec)
     for m, n, grid, stride in zip(inner.sizes[1:], inner.blocks, inner.grids, inner.strides):
-        assert f"k = (it) >> {(m * m).bit_length() - 1}" in source
+        assert f"k = ((it) >> {(m * m).bit_length() - 1})" in source
         assert f"q = it - k * {m * m}" in source
         assert f"base = {grid} + k * {stride} + qy * {n} + q" in source
         assert f"S[{grid + 3 * stride} + it] = u3" in source

@@ -212,23 +212,28 @@ class _DivmodLoop:
 
 
 def _floor_div(expr: str, divisor: int) -> str:
-    """Expression of ``expr // divisor`` for an integer ``expr`` and constant ``divisor > 0``.
+    """Expression of ``expr // divisor`` for an integer ``expr`` and constant ``divisor > 0``,
+    parenthesised whole, so it can stand in any larger expression.
 
     A power of two gives an arithmetic shift, which is floor division for
     every sign (``-5 >> 1 == -3``), without the sign fix-up numba emits for
     ``//`` on int64.
     """
+    if divisor == 1:
+        return f"({expr})"
     if divisor & (divisor - 1):
-        return f"{expr} // {divisor}"
-    return f"({expr}) >> {divisor.bit_length() - 1}" if divisor > 1 else f"({expr})"
+        return f"(({expr}) // {divisor})"
+    return f"(({expr}) >> {divisor.bit_length() - 1})"
 
 
 def _floor_mod(expr: str, divisor: int) -> str:
     """Expression of ``expr % divisor`` (Python's sign) for an integer ``expr`` and constant
-    ``divisor > 0``: a mask where it is a power of two (two's complement: ``-5 & 3 == 3``)."""
+    ``divisor > 0``, parenthesised whole: a mask where it is a power of two (two's
+    complement: ``-5 & 3 == 3``). (``&`` binds less tightly than ``-``: unparenthesised,
+    ``a - a & 7`` was ``(a - a) & 7``.)"""
     if divisor & (divisor - 1):
-        return f"{expr} % {divisor}"
-    return f"({expr}) & {divisor - 1}"
+        return f"(({expr}) % {divisor})"
+    return f"(({expr}) & {divisor - 1})"
 
 
 def _load(storage: str, expr: str) -> str:
