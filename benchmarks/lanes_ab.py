@@ -8,7 +8,8 @@ dtype this script alternates the settings ``plane`` (no lane kernel),
 ``lanes1`` / ``lanes2`` (the weight gradients on the lane kernel, one or two
 threads a plane, for planes of up to ``LANES_FORCE_MAX_PIXELS``) and ``all1``
 / ``all2`` (the forward and the backward's ``dx`` forward on its forward
-too, ``LANES_FORWARD_MAX_PIXELS``) for ``--rounds`` rounds, plan and program caches
+too, ``LANES_FORWARD_MAX_PIXELS``; ``all4``: those with four threads a plane,
+``LANES_FORWARD_DEFAULT``) for ``--rounds`` rounds, plan and program caches
 cleared at every switch, kernels compiled beforehand, and prints in us the
 median over ``--repeats`` calls with rotating inputs of ``fwd`` and ``step``
 (events around one forward, or one forward and backward, after the GPU went
@@ -37,12 +38,15 @@ from wtconv_cuda.kernels.warmup import compile_all
 from split_threshold import (
     DTYPES, add_common_options, layer_calls, make_inputs, parse_shape, time_round,
 )
-#: setting -> (LANES_MAX_PIXELS, LANES_DEFAULT, LANES_FORWARD_MAX_PIXELS): the weight
-#: gradients on the lane kernel (lanes1, lanes2), and the forwards too (all1, all2).
+#: setting -> (LANES_MAX_PIXELS, LANES_DEFAULT, LANES_FORWARD_MAX_PIXELS,
+#: LANES_FORWARD_DEFAULT): the weight gradients on the lane kernel (lanes1, lanes2),
+#: the forwards too (all1, all2; all4: the forwards with four threads a plane).
 _ALL = launch.LANES_FORCE_MAX_PIXELS
-SETTINGS = {"plane": (0, 2, 0), "lanes1": (_ALL, 1, 0), "lanes2": (_ALL, 2, 0),
-            "all1": (_ALL, 1, _ALL), "all2": (_ALL, 2, _ALL)}
-_RULES = ("LANES_MAX_PIXELS", "LANES_DEFAULT", "LANES_FORWARD_MAX_PIXELS")
+SETTINGS = {"plane": (0, 2, 0, 2), "lanes1": (_ALL, 1, 0, 2), "lanes2": (_ALL, 2, 0, 2),
+            "all1": (_ALL, 1, _ALL, 1), "all2": (_ALL, 2, _ALL, 2),
+            "all4": (_ALL, 2, _ALL, 4)}
+_RULES = ("LANES_MAX_PIXELS", "LANES_DEFAULT", "LANES_FORWARD_MAX_PIXELS",
+          "LANES_FORWARD_DEFAULT")
 #: The H200 backend's limits (CupyBackend: opt-in shared memory less 1 KB, two slots
 #: per multiprocessor), for --compile-only.
 H200_LIMITS = (227 * 1024 - 1024, 2 * 132)

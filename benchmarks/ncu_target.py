@@ -14,8 +14,9 @@ that shape issues (fp32, as planned on this GPU): the last of them computes
 the weight gradients, so ``--kernel-name regex:wtconv_plane --launch-skip
 $((4 * n - 1))`` selects it in the fourth (measured) backward.
 
-An argument ``lanes=1`` or ``lanes=2`` turns the lane kernels on for the
-forward and the backward (:mod:`wtconv_cuda.kernels.lanes`, off by default);
+An argument ``lanes=1``, ``lanes=2`` or ``lanes=2,4`` (threads a plane of the
+weight gradients, then of the forwards) turns the lane kernels on for the
+forward and the backward (:mod:`wtconv_cuda.kernels.lanes`) for every plane they take;
 ``lane-launches`` then prints the ``wtconv_lanes`` launches of one backward,
 the weight-gradient kernel being the last of them.
 """
@@ -68,12 +69,15 @@ def lane_launches(b, c, h, w, levels, k) -> int:
     return backward + forward
 
 
-def use_lanes(threads: int) -> None:
-    """The lane kernels for every plane they take, ``threads`` threads a plane."""
+def use_lanes(threads: str) -> None:
+    """The lane kernels for every plane they take: ``threads`` threads a plane, or
+    ``"W,F"``: ``W`` for the weight gradients and ``F`` for the forwards."""
     from wtconv_cuda.kernels import launch
 
+    weights, _, forward = threads.partition(",")
     launch.LANES_MAX_PIXELS = launch.LANES_FORWARD_MAX_PIXELS = launch.LANES_FORCE_MAX_PIXELS
-    launch.LANES_DEFAULT = threads
+    launch.LANES_DEFAULT = int(weights)
+    launch.LANES_FORWARD_DEFAULT = int(forward or weights)
     launch.clear_plan_caches()
 
 
@@ -81,7 +85,7 @@ def main():
     b, c, h, w, levels, k = (int(v) for v in sys.argv[1:7])
     mode = [arg for arg in sys.argv[7:] if not arg.startswith("lanes=")]
     for arg in set(sys.argv[7:]) - set(mode):
-        use_lanes(int(arg[len("lanes="):]))
+        use_lanes(arg[len("lanes="):])
     if mode == ["plane-launches"]:
         print(plane_launches(b, c, h, w, levels, k))
         return

@@ -54,9 +54,10 @@
 #              stages                                              (~2 min cold)
 #   lanes      the lane kernels (weight gradients and forward, a plane to one or two
 #              threads): their GPU tests, then benchmarks/lanes_ab.py against the
-#              default kernels at the 14 x 14 stage ($LANES_SHAPES)   (~6 min warm)
+#              default kernels at the 14 x 14 stage ($LANES_SHAPES; $LANES_SETTINGS
+#              picks lanes_ab.py's settings)                        (~6 min warm)
 #   lanehotspots  the same for the lane kernels (forward and weight gradients, forced on)
-#              at 64x384x14x14, L3, K5, fp32 ($LANEHOT_SHAPE, $LANEHOT_THREADS: "1 2")
+#              at 64x384x14x14, L3, K5, fp32 ($LANEHOT_SHAPE, $LANEHOT_THREADS: "1 2 2,4")
 #                                                                   (~2 min warm)
 #   tileprofile  ncu occupancy, warp states, stall reasons and instruction counts of
 #              the tiled forward and backward at 8x128x512x512, L1 and L3 (~2 min)
@@ -289,22 +290,25 @@ run_tilehotspots() {
 
 run_lanehotspots() {
   echo "== warp samples by loop of the lane kernels (ncu source counters), 14 x 14, fp32"
-  local shape n threads rc=0
+  local shape n threads tag rc=0
   : >"$OUT/hotspots_summary.txt"
   shape=${LANEHOT_SHAPE:-"64 384 14 14 3 5"}
-  for threads in ${LANEHOT_THREADS:-2}; do
+  for threads in ${LANEHOT_THREADS:-2}; do  # "W,F": the weights' threads, the forwards'
+    tag=${threads//,/-}
     # the forward kernel: the third of ncu_target.py's three forwards
     # shellcheck disable=SC2086  # a shape is a list of arguments
-    hotspot_run "lanefwd${threads}_${shape// /x}" wtconv_lanes_forward 2 forward $shape \
+    hotspot_run "lanefwd${tag}_${shape// /x}" wtconv_lanes_forward 2 forward $shape \
       "lanes=$threads" || rc=1
     # the weight gradients: the last wtconv_lanes launch of the fourth backward
     # shellcheck disable=SC2086
     n=$(python3 benchmarks/ncu_target.py $shape lane-launches "lanes=$threads") \
       || { rc=1; continue; }
     # shellcheck disable=SC2086
-    hotspot_run "lanes${threads}_${shape// /x}" wtconv_lanes $((4 * n - 1)) backward $shape \
+    hotspot_run "lanes${tag}_${shape// /x}" wtconv_lanes $((4 * n - 1)) backward $shape \
       "lanes=$threads" || rc=1
   done
+  # one archive beside the summary: the device tool returns at most 8 files
+  (cd "$OUT" && tar czf lanehotspots.tgz hotspots_lane*_* && rm -f hotspots_lane*_*) || rc=1
   return $rc
 }
 
@@ -394,7 +398,7 @@ run_lanes() {
   tail -n 5 "$OUT/lanes_tests.log"
   # shellcheck disable=SC2086  # LANES_SHAPES is a list of shapes
   (cd benchmarks && timeout 320 python3 lanes_ab.py --dtypes fp32 bf16 \
-    --shapes ${LANES_SHAPES:-64x384x14x14:3 32x384x14x14:3} \
+    --shapes ${LANES_SHAPES:-64x384x14x14:3 32x384x14x14:3} ${LANES_SETTINGS:+--settings $LANES_SETTINGS} \
     --json "$OUT/lanes_ab.json") >"$OUT/lanes_ab.log" 2>&1 || rc=1
   grep -v "Spec(" "$OUT/lanes_ab.log" | cut -c1-400 | tail -n 40
   return $rc

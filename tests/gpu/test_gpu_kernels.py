@@ -505,14 +505,20 @@ LANE_CASES = [((64, 6, 14, 14), 3, 5, lanes, s) for lanes in (1, 2)
 LANE_CASES += [((32, 5, 13, 11), L, k, 2, "float32") for L in (0, 1, 2, 4) for k in (3, 5)]
 LANE_CASES += [((48, 3, 9, 15), 3, 7, 2, "float16"), ((32, 3, 7, 7), 2, 5, 1, "bfloat16"),
                ((16, 2, 16, 16), 4, 9, 2, "float32"), ((32, 2, 1, 9), 3, 3, 1, "float32")]
+# (weights' threads a plane, forward's): the forward with four
+LANE_CASES += [((64, 6, 14, 14), 3, 5, (2, 4), s) for s in ("float32", "bfloat16")]
+LANE_CASES += [((32, 5, 13, 11), 4, 5, (2, 4), "float32"),
+               ((16, 3, 3, 5), 2, 3, (2, 4), "float16")]
 LANE_CASES = [c for c in LANE_CASES if c[2] in KERNEL_SIZES]
 
 
 @pytest.mark.parametrize("shape,levels,k,lanes,storage", LANE_CASES)
 def test_lane_kernel_matches_oracle(shape, levels, k, lanes, storage):
     """The weight gradients on the lane kernel, and the forward on its forward (the
-    backward's dx forward plans with its own tuning: the plane kernel's or tiles)."""
-    tuning = Tuning(lanes=lanes, lanes_forward=lanes, dx_forward=True)
+    backward's dx forward plans with its own tuning: the plane kernel's or tiles).
+    ``lanes``: threads a plane of both, or of (the weights, the forward)."""
+    weights_lanes, forward_lanes = lanes if isinstance(lanes, tuple) else (lanes, lanes)
+    tuning = Tuning(lanes=weights_lanes, lanes_forward=forward_lanes, dx_forward=True)
     problem = Problem(*shape, k, levels, 1, storage, True)
     limits = (backend().shared_limit, backend().max_slots)
     assert plan_lanes(problem, *limits, tuning) is not None

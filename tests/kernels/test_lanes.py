@@ -108,6 +108,9 @@ def lane_forward_error(rng, shape, levels, k, lanes, storage="float32", bias=Tru
     ((16, 2, 9, 6), 4, 5, 2),     # two channels; odd grids; blocks past the last row
     ((32, 2, 5, 7), 3, 3, 1),     # one thread a plane; past a 1 x 1 grid
     ((32, 1, 1, 3), 2, 7, 1),     # a single row
+    ((8, 1, 14, 14), 3, 5, 4),    # four threads a plane: 14 rows, 7 and 2 of coefficients
+    ((16, 1, 13, 11), 4, 3, 4),   # odd grids: the last row of blocks on thread 2, then 0
+    ((8, 1, 3, 5), 2, 5, 4),      # fewer rows than threads
 ])
 def test_lane_forward_matches_oracle(rng, shape, levels, k, lanes):
     assert lane_forward_error(rng, shape, levels, k, lanes) < TOLERANCE["float32"]
@@ -209,6 +212,20 @@ def test_two_lanes_read_32_banks(height, width, levels):
     assert banks([t * one.slot + 5 for t in range(THREADS)]) == 1
 
 
+@pytest.mark.parametrize("height,width,levels", [(14, 14, 3), (7, 7, 2), (13, 11, 5)])
+def test_four_lanes_read_32_banks_on_the_base_rows(height, width, levels):
+    """Four threads a plane (the forward): 8 slots 4 mod 32 apart, the threads' rows an
+    odd pitch apart, so a warp's base-convolution reads (and its stores to ``y``) hit
+    32 banks; the levels' rows of coefficients, an even distance apart, two-way and
+    more."""
+    lay = lane_layout(LaneForwardSpec(5, "float32", height, width, levels, 4))
+    assert lay.slot % 32 == 4 and lay.pitch % 2 == 1
+    for const in (0, 7, lay.dy + 3):
+        assert banks([(t >> 2) * lay.slot + (t & 3) * lay.pitch + const
+                      for t in range(THREADS)]) == 1
+    assert banks([(t >> 2) * lay.slot + (t & 3) * 2 * lay.pitch for t in range(THREADS)]) == 2
+
+
 def test_tap_batch_fits_a_seventh_block():
     """At the 14 x 14 stage a 26-tap tile lets seven one-warp blocks share an H200
     multiprocessor (228 KB, 1 KB reserved per block); 27 or more taps fit six."""
@@ -260,7 +277,9 @@ def test_no_branch_per_tap(levels):
 
 def test_source_checks_its_spec():
     with pytest.raises(ValueError, match="lanes"):
-        lane_kernel_source(LaneSpec(5, "float32", 14, 14, 3, 4))
+        lane_kernel_source(LaneSpec(5, "float32", 14, 14, 3, 4))  # four: the forward only
+    with pytest.raises(ValueError, match="lanes"):
+        lane_forward_source(LaneForwardSpec(5, "float32", 14, 14, 3, 3))
     with pytest.raises(ValueError, match="odd"):
         lane_kernel_source(LaneSpec(4, "float32", 14, 14, 3, 2))
     with pytest.raises(ValueError, match="tap_batch"):

@@ -83,12 +83,13 @@ SPECS = textwrap.dedent("""
                         weights_only=True, plane=(28, 28, 4))]
     specs += [FlipSpec(storage, k) for k in (1, 5) for storage in ("float32", "float16",
                                                                    "bfloat16")]
-    # The lane kernels (weight gradients and forward, a plane to one or two threads): odd
+    # The lane kernels (weight gradients and forward, a plane to one, two or four threads): odd
     # planes whose grids need the padded row and column, 16-bit storage, a small tap batch,
     # four levels (numba's control-flow walk once overflowed Python's stack there).
     specs += [LaneSpec(3, "bfloat16", 9, 6, 4, 2, tap_batch=20),
               LaneSpec(3, "float16", 5, 7, 1, 1),
-              LaneForwardSpec(3, "bfloat16", 9, 6, 2, 2), LaneForwardSpec(3, "float16", 5, 7, 1, 1)]
+              LaneForwardSpec(3, "bfloat16", 9, 6, 2, 2), LaneForwardSpec(3, "float16", 5, 7, 1, 1),
+              LaneForwardSpec(3, "float32", 7, 5, 2, 4)]
     # More tap rows than threads (K 5 on 4-thread planes): the correlation items as
     # loops, code both backward kernels share. A large kernel (K 15) forward.
     specs += [PlaneSpec(5, "float32", 1, 1, True, False, 4, 1, 0, 8, True, False, True),

@@ -49,7 +49,10 @@ two halves of a plane read addresses an odd distance apart (rows of an odd
 pitch, the two pyramids, level 1's subband columns), so a warp's 32 reads
 hit 32 banks; level ``j >= 2``'s subband columns are an even distance apart
 (two-way conflicts on a quarter of level 1's work). With ``lanes`` 1 the
-slots lie an odd number of words apart.
+slots lie an odd number of words apart. The forward also takes four threads a
+plane (eight planes a warp, twice the warps for the same shared memory): the
+slots lie 4 mod 32 words apart and a plane's four threads read rows an odd
+pitch apart, so its base convolution reads 32 banks too.
 """
 
 from __future__ import annotations
@@ -111,8 +114,12 @@ class LaneForwardSpec(NamedTuple):
 
     Attributes
     ----------
-    kernel_size, storage, height, width, levels, lanes, max_registers
+    kernel_size, storage, height, width, max_registers
         As in :class:`LaneSpec`.
+    lanes : int
+        Threads per plane, 1, 2 or 4; a block (one warp) holds ``32 / lanes``
+        planes. With more than one, thread ``h`` of a plane takes the rows
+        ``h, h + lanes, ...`` of each convolution and butterfly pass.
     """
 
     kernel_size: int
@@ -191,12 +198,14 @@ def lane_layout(spec) -> LaneLayout:
             rows = max(rows, hp * step + 1)
         if wp % 2:
             cols = max(cols, wp * step + 1)
-    if spec.lanes == 2:
-        pitch = cols | 1  # rows py and py + 1 (the two halves) on different banks
+    if spec.lanes > 1:
+        pitch = cols | 1  # rows py .. py + lanes - 1 (a plane's threads) on other banks
         area = rows * pitch
         dy = area | 1  # the two pyramids (the halves' butterflies) likewise
         slot = dy + area
-        slot += (2 - slot) % 32  # 2 mod 32: the 16 planes on the even banks
+        # lanes mod 32: the 32 / lanes planes on the banks that are multiples of lanes,
+        # and a plane's threads, an odd pitch apart, on the other residues mod lanes
+        slot += (spec.lanes - slot) % 32
     else:
         pitch = cols
         dy = rows * pitch
@@ -222,8 +231,9 @@ def _check(spec: LaneSpec) -> None:
         raise ValueError(f"storage must be one of {STORAGE}, got {spec.storage!r}")
     if L < 0 or H < 1 or W < 1:
         raise ValueError(f"need levels >= 0 and height, width >= 1, got {spec}")
-    if spec.lanes not in (1, 2):
-        raise ValueError(f"lanes must be 1 or 2, got {spec.lanes}")
+    allowed = (1, 2, 4) if isinstance(spec, LaneForwardSpec) else (1, 2)
+    if spec.lanes not in allowed:
+        raise ValueError(f"lanes must be one of {allowed}, got {spec.lanes}")
     if isinstance(spec, LaneSpec) and not 1 <= spec.tap_batch <= THREADS:
         raise ValueError(f"tap_batch must be 1 to {THREADS}, got {spec.tap_batch}")
 
@@ -327,12 +337,12 @@ def lane_forward_source(spec: LaneForwardSpec) -> str:
     :func:`wtconv_cuda.kernels.compiler.lane_signature`) and runs one warp per
     block over ``B * C / planes`` blocks, as ``wtconv_lanes`` does. Each
     slot holds the plane of ``x`` and, in its second area, the plane of ``y``
-    being formed. A thread (with ``lanes`` 2, half ``h`` of a plane's pair):
+    being formed. Thread ``h`` of a plane's ``lanes`` (``h = 0`` with one):
 
     1. the base convolution with the folded taps ``s0 * w0`` and the bias
-       term ``s0 * b`` into the ``y`` area (rows ``h, h + 2, ...``);
+       term ``s0 * b`` into the ``y`` area (rows ``h, h + lanes, ...``);
     2. per level ``j``: the raw butterflies in place over grid ``j - 1``
-       (rows of blocks ``h, h + 2, ...``), then, for its rows of level
+       (rows of blocks ``h, h + lanes, ...``), then, for its rows of level
        ``j``'s coefficients, the four subbands convolved with the taps ``s_j
        * w_j / 4**j`` (raw butterflies make the subbands ``2**j`` times the
        operator's; the synthesis's factors ``2**-j`` are folded in the same
@@ -364,8 +374,8 @@ def lane_forward_source(spec: LaneForwardSpec) -> str:
     e("def wtconv_lanes_forward(x, y, w0, bias, s0, ww, ws, B, C, has_bias):")
     with e.indent():
         _emit_block_start(e, spec, lay, ("x",))
-        if lanes == 2:
-            e("h = t & 1", f"xs = (t >> 1) * {lay.slot}")
+        if lanes > 1:
+            e(f"h = t & {lanes - 1}", f"xs = (t >> {lanes.bit_length() - 1}) * {lay.slot}")
         else:
             e("h = int64(0)", f"xs = t * {lay.slot}")
         e(f"ys = xs + {lay.dy}")
@@ -376,7 +386,7 @@ def lane_forward_source(spec: LaneForwardSpec) -> str:
         for t in range(K2):
             e(f"w_0_{t // K}_{t % K} = s0c * " + ld(f"w0[c * {K2} + {t}]"))
         plane = _Band(H, W, lay.pitch, 1)
-        _emit_convolution(e, K, plane, "xs", [(0, "w_0")], "h" if lanes == 2 else "0", lanes,
+        _emit_convolution(e, K, plane, "xs", [(0, "w_0")], "h" if lanes > 1 else "0", lanes,
                           start_value="bterm")
         for j in range(1, L + 1):
             e("cuda.syncwarp()", f"# ---- level {j} ----")
@@ -392,7 +402,7 @@ def lane_forward_source(spec: LaneForwardSpec) -> str:
             band = _Band(hj, wj, 2 * step * lay.pitch, 2 * step)
             groups = [((k >> 1) * step * lay.pitch + (k & 1) * step, f"w_{k + 1}")
                       for k in range(4)]
-            _emit_convolution(e, K, band, "xs", groups, "h" if lanes == 2 else "0", lanes,
+            _emit_convolution(e, K, band, "xs", groups, "h" if lanes > 1 else "0", lanes,
                               synthesis=(j, H, W, lay.pitch))
         e("cuda.syncwarp()")
         _emit_store(e, spec, lay)
@@ -615,9 +625,9 @@ def _emit_transform(e: _Emitter, spec, lay: LaneLayout, sizes: list, j: int,
     LH, HL, HH) where element ``(dr, dc)`` was. With ``lanes`` 2 thread half
     ``h`` transforms pyramid ``h`` (``x``, then ``dy``); with 1 the thread
     transforms both, block by block. ``bases`` (the pyramids' offsets, one
-    per transformed pyramid) and ``step`` override that: with ``step`` 2 half
-    ``h`` takes the rows of blocks ``h, h + 2, ...`` (the forward's one
-    pyramid). Rows of blocks run in a loop; a last row with a missing lower
+    per transformed pyramid) and ``step`` override that: with ``step`` 2 or 4
+    thread ``h`` of a plane takes the rows of blocks ``h, h + step, ...`` (the
+    forward's one pyramid). Rows of blocks run in a loop; a last row with a missing lower
     half is emitted after it.
     """
     hp, wp = sizes[j - 1]

@@ -183,7 +183,7 @@ class Tuning(NamedTuple):
     lanes_forward : int or None
         A stride-1 forward (the ``dx`` forward's chunks plan with their own
         tuning, so only the default rule reaches them) on the lane kernel's
-        forward with this many threads per plane (1 or 2), where ``B`` is a
+        forward with this many threads per plane (1, 2 or 4), where ``B`` is a
         multiple of the block's planes and the block fits; None follows
         :func:`plan_lanes_forward`'s default rule; 0 never.
     """
@@ -972,6 +972,8 @@ def plan_registers(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(
 LANES_MAX_PIXELS = 196
 #: Threads per plane of the lane kernel where the default rule takes it.
 LANES_DEFAULT = 2
+#: Threads per plane of the lane kernel's forward where its default rule takes it.
+LANES_FORWARD_DEFAULT = 2
 #: Largest plane whose stride-1 forward (and a backward's ``dx`` forward) takes the
 #: lane kernel's forward by default, above the register kernel's planes: 14 x 14
 #: (45 us against 77 back to back at 64x384x14x14, L3, K5, fp32 and bf16).
@@ -1059,7 +1061,7 @@ def plan_lanes(problem: Problem, shared_limit: int, max_slots: int, tuning: Tuni
     LaneLaunch or None
     """
     p = problem
-    lanes = _lanes_for(p, tuning.lanes, LANES_MAX_PIXELS)
+    lanes = _lanes_for(p, tuning.lanes, LANES_MAX_PIXELS, LANES_DEFAULT)
     if not lanes:
         return None
     spec = lane_spec_fitted(LaneSpec(p.kernel_size, p.storage, p.height, p.width, p.levels,
@@ -1103,9 +1105,9 @@ class LaneForwardLaunch(NamedTuple):
 def plan_lanes_forward(problem: Problem, shared_limit: int, tuning: Tuning = Tuning()):
     """The lane kernel's forward for a stride-1 pass, or None.
 
-    ``tuning.lanes_forward`` 1 or 2 takes it for planes of up to
+    ``tuning.lanes_forward`` 1, 2 or 4 takes it for planes of up to
     `LANES_FORCE_MAX_PIXELS`; None for planes of up to
-    `LANES_FORWARD_MAX_PIXELS` with `LANES_DEFAULT` threads each; 0 never.
+    `LANES_FORWARD_MAX_PIXELS` with `LANES_FORWARD_DEFAULT` threads each; 0 never.
     Either way ``B`` must be a multiple of the block's ``32 / lanes`` planes
     and the block must fit ``shared_limit``. (:func:`run_forward` asks the
     register kernel first.)
@@ -1124,7 +1126,7 @@ def plan_lanes_forward(problem: Problem, shared_limit: int, tuning: Tuning = Tun
     LaneForwardLaunch or None
     """
     p = problem
-    lanes = _lanes_for(p, tuning.lanes_forward, LANES_FORWARD_MAX_PIXELS)
+    lanes = _lanes_for(p, tuning.lanes_forward, LANES_FORWARD_MAX_PIXELS, LANES_FORWARD_DEFAULT)
     if not lanes:
         return None
     spec = LaneForwardSpec(p.kernel_size, p.storage, p.height, p.width, p.levels, lanes,
@@ -1136,13 +1138,13 @@ def plan_lanes_forward(problem: Problem, shared_limit: int, tuning: Tuning = Tun
                              _int64s(p.batch, p.channels, int(p.has_bias)))
 
 
-def _lanes_for(problem: Problem, asked, default_max_pixels: int) -> int:
+def _lanes_for(problem: Problem, asked, default_max_pixels: int, default_lanes: int) -> int:
     """Threads per plane a lane kernel takes ``problem`` with (0: it does not): ``asked``
     (a `Tuning` field) for planes of up to `LANES_FORCE_MAX_PIXELS`, or where it is
-    None `LANES_DEFAULT` for planes of up to ``default_max_pixels``; stride 1 only."""
+    None ``default_lanes`` for planes of up to ``default_max_pixels``; stride 1 only."""
     pixels = problem.height * problem.width
     if asked is None:
-        asked = LANES_DEFAULT if pixels <= default_max_pixels else 0
+        asked = default_lanes if pixels <= default_max_pixels else 0
     elif pixels > LANES_FORCE_MAX_PIXELS:
         return 0
     return asked if problem.stride == 1 else 0
