@@ -260,6 +260,20 @@ def test_planner_rules():
     # the default rule takes 14 x 14 (timed on the H200) and nothing larger
     assert launch.LANES_MAX_PIXELS == 14 * 14
     assert plan_lanes(stage, LIMIT, SLOTS).spec == forced.spec
+    # ... with partials within PARTIAL_FRACTION of x: two threads a plane's are 0.10 x
+    # in float32, 0.21 x in 16-bit storage, where one thread a plane's (0.10 x) take over
+    x_bytes = 64 * 384 * 14 * 14 * 4
+    assert forced.partial_floats * 4 <= launch.PARTIAL_FRACTION * x_bytes
+    for storage in ("bfloat16", "float16"):
+        half = stage._replace(storage=storage)
+        two = plan_lanes(half, LIMIT, SLOTS, Tuning(lanes=2))  # forced: taken as asked
+        assert two.partial_floats * 4 > launch.PARTIAL_FRACTION * x_bytes / 2
+        one = plan_lanes(half, LIMIT, SLOTS)
+        assert one.spec.lanes == 1
+        assert one.partial_floats * 4 <= launch.PARTIAL_FRACTION * x_bytes / 2
+        # a batch one thread a plane cannot fill: the plane kernel
+        assert plan_lanes(half._replace(batch=48), LIMIT, SLOTS) is None
+        assert plan_lanes(half._replace(batch=48), LIMIT, SLOTS, Tuning(lanes=2)) is not None
     assert plan_lanes(stage._replace(height=15), LIMIT, SLOTS) is None
     assert plan_lanes(stage._replace(height=28, width=28), LIMIT, SLOTS) is None
     assert plan_lanes(stage, LIMIT, SLOTS, Tuning(lanes=0)) is None
