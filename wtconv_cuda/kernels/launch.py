@@ -965,10 +965,12 @@ def plan_registers(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(
 
 
 #: Largest plane whose weight gradients take the lane kernel by default (with
-#: `LANES_DEFAULT` threads per plane): 14 x 14. At 64x384x14x14, L3, K5 on the
-#: H200 the backward took 98 us against the plane kernel's 251 (fp32; bf16 94
-#: against 245; benchmarks/NOTES.md, thirty-first session). Larger planes are
-#: untimed (a 28 x 28 block fits twice per multiprocessor).
+#: `LANES_DEFAULT` threads per plane, fewer where :func:`plan_lanes` bounds the
+#: partials): 14 x 14. At 64x384x14x14, L3, K5 on the H200 the backward took 98
+#: us against the plane kernel's 251 (fp32, two threads a plane; bf16 with one:
+#: 160 against 245 with the tiles' dx forward; benchmarks/NOTES.md, thirty-first
+#: session). Larger planes are untimed (a 28 x 28 block fits twice per
+#: multiprocessor).
 LANES_MAX_PIXELS = 196
 #: Threads per plane of the lane kernel where the default rule takes it.
 LANES_DEFAULT = 2
