@@ -31,42 +31,43 @@ import wtconv_cuda as wt
 from wtconv_cuda.weights import WTConvWeights
 
 
-def plane_launches(b, c, h, w, levels, k) -> int:
-    """``wtconv_plane`` launches of one fp32 backward at this shape, as planned here.
+def _backward_launches(b, c, h, w, levels, k, own, forward) -> int:
+    """Launches of one fp32 backward at this shape, as planned here, of the backward's
+    own specs that ``own(spec)`` selects plus the ``dx`` forward's that ``forward(spec)``
+    selects.
 
     A backward that computes ``dx`` with the forward kernels runs them once per
     batch chunk (``dx_forward_batches``); ``planned_specs`` lists the specs of
     each chunk size once, so the chunks are counted here.
     """
-    from wtconv_cuda.kernels.codegen import PlaneSpec
     from wtconv_cuda.kernels.launch import (CupyBackend, Problem, dx_forward_batches,
                                             planned_specs)
 
     backend = CupyBackend()
     limits = (backend.shared_limit, backend.max_slots)
     problem = Problem(b, c, h, w, k, levels, 1, "float32", True)
-    backward = sum(isinstance(spec, PlaneSpec) and spec.backward
-                   for spec in planned_specs(problem, True, *limits))
-    forward = sum(isinstance(spec, PlaneSpec)
-                  for chunk in dx_forward_batches(problem, *limits)
-                  for spec in planned_specs(problem._replace(batch=chunk), False, *limits))
-    return backward + forward
+    backward = sum(map(own, planned_specs(problem, True, *limits)))
+    return backward + sum(forward(spec) for chunk in dx_forward_batches(problem, *limits)
+                          for spec in planned_specs(problem._replace(batch=chunk), False,
+                                                    *limits))
+
+
+def plane_launches(b, c, h, w, levels, k) -> int:
+    """``wtconv_plane`` launches of one fp32 backward at this shape (the dx forward's too)."""
+    from wtconv_cuda.kernels.codegen import PlaneSpec
+
+    return _backward_launches(b, c, h, w, levels, k,
+                              lambda spec: isinstance(spec, PlaneSpec) and spec.backward,
+                              lambda spec: isinstance(spec, PlaneSpec))
 
 
 def lane_launches(b, c, h, w, levels, k) -> int:
     """Launches matching ``wtconv_lanes`` in one fp32 backward (lane kernels on)."""
     from wtconv_cuda.kernels.lanes import LaneForwardSpec, LaneSpec
-    from wtconv_cuda.kernels.launch import (CupyBackend, Problem, dx_forward_batches,
-                                            planned_specs)
 
-    backend = CupyBackend()
-    limits = (backend.shared_limit, backend.max_slots)
-    problem = Problem(b, c, h, w, k, levels, 1, "float32", True)
-    backward = sum(isinstance(spec, LaneSpec) for spec in planned_specs(problem, True, *limits))
-    forward = sum(isinstance(spec, LaneForwardSpec)
-                  for chunk in dx_forward_batches(problem, *limits)
-                  for spec in planned_specs(problem._replace(batch=chunk), False, *limits))
-    return backward + forward
+    return _backward_launches(b, c, h, w, levels, k,
+                              lambda spec: isinstance(spec, LaneSpec),
+                              lambda spec: isinstance(spec, LaneForwardSpec))
 
 
 def use_lanes(threads: str) -> None:

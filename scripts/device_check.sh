@@ -42,10 +42,11 @@
 #   ab         kernel-level A/B: benchmarks/kernel_bench.py (fp32) on the tree in
 #              $AB_BASE (e.g. made with `git archive REV | tar -x -C ab_base`)
 #              and on the working tree, alternately, twice each      (~6 min cold)
-#   bwdprofile the plane backward at the ConvNeXt-T stages 56, 28, 14: its time with
-#              phases cut out (benchmarks/backward_breakdown.py), then ncu
+#   bwdprofile the plane backward at the ConvNeXt-T stages 56 and 28 (14 runs the lane
+#              kernels): its time with phases cut out (backward_breakdown.py), then ncu
 #              instruction counts, lane use, occupancy and stalls     (~5 min cold)
-#   hotspots   ncu source counters of the weights-only plane backward at 56, 28 and 14:
+#   hotspots   ncu source counters of the weights-only plane backward at 56 and 28 (14:
+#              the lane kernels since c99cd67, see lanehotspots):
 #              warp samples, instructions and bank conflicts loop by loop of its
 #              SASS (benchmarks/sass_hotspots.py)              (~2 min cold)
 #   tilehotspots  the same for the split forward's tile kernel (wtconv_tile) at the
@@ -232,8 +233,7 @@ run_bwdprofile() {
   metrics+=",smsp__sass_inst_executed_op_shared_ld.sum,smsp__sass_inst_executed_op_shared_st.sum"
   metrics+=",smsp__inst_executed_op_branch.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum"
   ncu_sections bwdprofile wtconv_plane ncu_target.py "64 96 56 56 5 5 backward" \
-    "64 192 28 28 4 5 backward" "64 384 14 14 3 5 backward" -- --section InstructionStats \
-    --metrics "$metrics"
+    "64 192 28 28 4 5 backward" -- --section InstructionStats --metrics "$metrics"
   tar czf "$OUT/bwdprofile.tgz" -C "$OUT" $(cd "$OUT" && ls bwdprofile_*.csv bwdprofile_*.err) \
     && rm -f "$OUT"/bwdprofile_*.csv "$OUT"/bwdprofile_*.err
 }
@@ -264,7 +264,7 @@ run_hotspots() {
   echo "== warp samples by loop of the weights-only plane backward (ncu source counters)"
   local shape n rc=0
   : >"$OUT/hotspots_summary.txt"
-  for shape in "64 96 56 56 5 5" "64 192 28 28 4 5" "64 384 14 14 3 5"; do
+  for shape in "64 96 56 56 5 5" "64 192 28 28 4 5"; do  # (14 x 14: lanehotspots)
     # shellcheck disable=SC2086  # a shape is a list of arguments
     n=$(python3 benchmarks/ncu_target.py $shape plane-launches) || { rc=1; continue; }
     # the weights-only kernel is the last wtconv_plane launch of the fourth backward
@@ -385,7 +385,7 @@ run_registers() {
 }
 
 run_lanes() {
-  # The lane kernels (a plane to one or two threads; off by default until timed): their
+  # The lane kernels (a plane to one, two or four threads; on at 14 x 14 since c99cd67): their
   # GPU oracle cases, then benchmarks/lanes_ab.py against the plane kernel's
   # weights-only variant and the default forwards at the 14 x 14 stage and half its
   # batch ($LANES_SHAPES), fp32 and bf16. Carry the PTX (scripts/build_ptx_cache.sh

@@ -125,28 +125,23 @@ def test_lane_forward_float16(rng, bias):
 
 
 @simulator
-def test_backward_on_both_lane_kernels(rng, monkeypatch):
-    """With the forward's default rule on, the backward's dx forward runs on the lane
-    forward too: both lane kernels, then the finalize."""
-    monkeypatch.setattr(launch, "LANES_FORWARD_MAX_PIXELS", 256)
-    launch.clear_plan_caches()
-    try:
-        shape, levels, k = (16, 2, 11, 9), 3, 5  # above the register kernel's 64 pixels
-        x, wts, weights, problem = random_layer(rng, shape, levels, k, 1, "float32", True)
-        dy = rng.standard_normal(shape).astype(x.dtype)
-        dx = np.full(shape, np.nan, x.dtype)
-        grads = Weights(*(np.full(a.shape, np.nan, x.dtype) for a in weights))
-        backend = RecordingBackend(shared_limit=LIMIT, max_slots=SLOTS)
-        tuning = Tuning(lanes=2, dx_forward=True)
-        run_backward(backend, problem, x, dy, dx, weights, grads, tuning)
-        kinds = [type(spec).__name__ for spec in backend.kernels]
-        assert kinds == ["FlipSpec", "LaneForwardSpec", "LaneSpec", "FinalizeSpec"]
-        errors = backward_errors(x, wts, dy, levels, 1, dx, grads, True)
-        bad = {n: e for n, e in errors.items() if not e < TOLERANCE["float32"]}
-        assert not bad, bad
-    finally:
-        monkeypatch.undo()
-        launch.clear_plan_caches()
+def test_backward_on_both_lane_kernels(rng):
+    """The forward's default rule (planes of up to 14 x 14) puts the backward's dx
+    forward on the lane forward too: both lane kernels, then the finalize."""
+    shape, levels, k = (16, 2, 11, 9), 3, 5  # above the register kernel's 64 pixels
+    assert 11 * 9 <= launch.LANES_FORWARD_MAX_PIXELS
+    x, wts, weights, problem = random_layer(rng, shape, levels, k, 1, "float32", True)
+    dy = rng.standard_normal(shape).astype(x.dtype)
+    dx = np.full(shape, np.nan, x.dtype)
+    grads = Weights(*(np.full(a.shape, np.nan, x.dtype) for a in weights))
+    backend = RecordingBackend(shared_limit=LIMIT, max_slots=SLOTS)
+    tuning = Tuning(lanes=2, dx_forward=True)
+    run_backward(backend, problem, x, dy, dx, weights, grads, tuning)
+    kinds = [type(spec).__name__ for spec in backend.kernels]
+    assert kinds == ["FlipSpec", "LaneForwardSpec", "LaneSpec", "FinalizeSpec"]
+    errors = backward_errors(x, wts, dy, levels, 1, dx, grads, True)
+    bad = {n: e for n, e in errors.items() if not e < TOLERANCE["float32"]}
+    assert not bad, bad
 
 
 def test_forward_planner_rules():

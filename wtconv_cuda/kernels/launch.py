@@ -1082,7 +1082,8 @@ def plan_lanes(problem: Problem, shared_limit: int, max_slots: int, tuning: Tuni
         spec = lane_spec_fitted(LaneSpec(p.kernel_size, p.storage, p.height, p.width,
                                          p.levels, threads, tuning.max_registers or 0))
         shared = _lane_block_fits(p, spec, shared_limit)
-        grid = p.channels * p.batch // lane_planes(spec)
+        nchunks = p.batch // lane_planes(spec)
+        grid = p.channels * nchunks
         if shared is not None and (tuning.lanes is not None
                                    or grid * ntaps * 4 <= PARTIAL_FRACTION * x_bytes):
             break
@@ -1090,7 +1091,6 @@ def plan_lanes(problem: Problem, shared_limit: int, max_slots: int, tuning: Tuni
         return None
     if dx_forward_plan(p, shared_limit, max_slots, tuning) is None:
         return None
-    nchunks = p.batch // lane_planes(spec)
     dims = np.array([p.batch, p.channels, p.levels, int(p.has_bias), nchunks], np.int64)
     return LaneLaunch(spec, grid, shared, grid * ntaps, dims, ntaps,
                       _int64s(p.batch, p.channels))
