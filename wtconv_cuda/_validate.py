@@ -47,9 +47,17 @@ def _check_library(name: str, arr, library: str) -> None:
 
 
 def _device_id(arr):
-    """CUDA device ordinal of a CuPy(-like) array, or None when it has none."""
-    device = getattr(arr, "device", None)
-    return getattr(device, "id", None)
+    """CUDA device ordinal of a CuPy(-like) array, or None when it has none.
+
+    A ``cupy.ndarray``'s memory pointer holds the ordinal
+    (``arr.data.device_id``); ``arr.device`` builds a ``Device`` object on
+    every access, which the per-call checks would pay once per array.
+    """
+    try:
+        return arr.data.device_id
+    except AttributeError:
+        device = getattr(arr, "device", None)
+        return getattr(device, "id", None)
 
 
 def _check_same_device(name: str, arr, want) -> None:
@@ -65,11 +73,19 @@ def _check_same_device(name: str, arr, want) -> None:
         )
 
 
+#: Dtypes that passed :func:`_check_dtype`: the supported ones, and each bfloat16
+#: dtype once seen (``dtype.name`` costs microseconds; a set lookup does not).
+_ACCEPTED_DTYPES = set(SUPPORTED_DTYPES)
+
+
 def _check_dtype(name: str, arr) -> None:
+    if arr.dtype in _ACCEPTED_DTYPES:
+        return
     dtype = np.dtype(arr.dtype)
     if dtype not in SUPPORTED_DTYPES and dtype.name != "bfloat16":
         raise TypeError(f"{name} must have dtype float16, bfloat16, float32 or float64, "
                         f"got {dtype}")
+    _ACCEPTED_DTYPES.add(dtype)
 
 
 def _check_same_dtype(name: str, arr, x) -> None:
@@ -81,7 +97,8 @@ def _check_same_dtype(name: str, arr, x) -> None:
 
 
 def _check_shape(name: str, arr, expected: tuple, meaning: str) -> None:
-    if tuple(arr.shape) != expected:
+    shape = arr.shape
+    if shape != expected and tuple(shape) != expected:  # tuple(): a list or torch.Size
         raise ValueError(f"{name} must have shape {meaning} = {expected}, got {tuple(arr.shape)}")
 
 
@@ -98,13 +115,16 @@ def _check_x(x) -> None:
 def _check_weights(weights, x, library: str, same_dtype: bool) -> None:
     if not isinstance(weights, WTConvWeights):
         raise TypeError(f"weights must be a WTConvWeights, got {type(weights).__name__}")
-    for name, arr in zip(WTConvWeights._fields, weights):
-        if arr is None and name != "base_bias":
-            raise TypeError(
-                f"weights.{name} must be an array (only weights.base_bias may be None), got None"
-            )
-    # Fast paths (this runs on every call): an array of x's own type is of x's
-    # library, and one of x's dtype has a supported dtype (x's was checked).
+    base, bias, scale, wavelet, wavelet_scale = weights
+    if base is None or scale is None or wavelet is None or wavelet_scale is None:
+        for name, arr in zip(WTConvWeights._fields, weights):
+            if arr is None and name != "base_bias":
+                raise TypeError(f"weights.{name} must be an array (only weights.base_bias "
+                                "may be None), got None")
+    # This runs on every call, so the common case costs a few attribute reads
+    # per array: an array of x's own type is of x's library, one of x's dtype
+    # has a supported dtype (x's was checked), and argument names are only
+    # formatted for a message.
     x_type, x_dtype = type(x), x.dtype
     x_device = _device_id(x) if library == "cupy" else None
     for name, arr in zip(WTConvWeights._fields, weights):
@@ -112,15 +132,16 @@ def _check_weights(weights, x, library: str, same_dtype: bool) -> None:
             continue
         if type(arr) is not x_type:
             _check_library(f"weights.{name}", arr, library)
-        if library == "cupy":
-            _check_same_device(f"weights.{name}", arr, x_device)
+        if x_device is not None:
+            found = _device_id(arr)
+            if found is not None and found != x_device:
+                _check_same_device(f"weights.{name}", arr, x_device)
         if same_dtype and arr.dtype == x_dtype:
             continue
         _check_dtype(f"weights.{name}", arr)
         if same_dtype:
             _check_same_dtype(f"weights.{name}", arr, x)
 
-    base = weights.base_weight
     if base.ndim != 3 or base.shape[1] != base.shape[2]:
         raise ValueError(
             "weights.base_weight must have shape (C, K, K), got " f"{tuple(base.shape)}"
@@ -133,17 +154,16 @@ def _check_weights(weights, x, library: str, same_dtype: bool) -> None:
             f"weights have C = {c} channels (weights.base_weight.shape[0]) but x has "
             f"{x.shape[1]} channels (x.shape[1])"
         )
-    if weights.base_bias is not None:
-        _check_shape("weights.base_bias", weights.base_bias, (c,), "(C,)")
-    _check_shape("weights.base_scale", weights.base_scale, (c,), "(C,)")
-    wavelet = weights.wavelet_weight
+    if bias is not None:
+        _check_shape("weights.base_bias", bias, (c,), "(C,)")
+    _check_shape("weights.base_scale", scale, (c,), "(C,)")
     if wavelet.ndim != 5:
         raise ValueError(
             "weights.wavelet_weight must have shape (L, C, 4, K, K), got " f"{tuple(wavelet.shape)}"
         )
     levels = wavelet.shape[0]
     _check_shape("weights.wavelet_weight", wavelet, (levels, c, 4, k, k), "(L, C, 4, K, K)")
-    _check_shape("weights.wavelet_scale", weights.wavelet_scale, (levels, c, 4), "(L, C, 4)")
+    _check_shape("weights.wavelet_scale", wavelet_scale, (levels, c, 4), "(L, C, 4)")
 
 
 def _resolve_levels(levels, weights: WTConvWeights) -> int:
@@ -174,7 +194,8 @@ def _check_stride(stride) -> int:
     return int(stride)
 
 
-def check_forward(x, weights, levels, stride, *, same_dtype: bool) -> tuple[int, int]:
+def check_forward(x, weights, levels, stride, *, same_dtype: bool,
+                  library: str | None = None) -> tuple[int, int]:
     """Check the arguments of a forward call and resolve ``levels``.
 
     Parameters
@@ -192,6 +213,9 @@ def check_forward(x, weights, levels, stride, *, same_dtype: bool) -> tuple[int,
     same_dtype : bool
         If true, every weight array must have ``x``'s dtype (the GPU path);
         otherwise any supported float dtype is accepted (the CPU path).
+    library : str or None, default None
+        ``x``'s library (:func:`~wtconv_cuda._arrays.array_library`) where
+        the caller has looked it up already; None looks it up.
 
     Returns
     -------
@@ -212,7 +236,7 @@ def check_forward(x, weights, levels, stride, *, same_dtype: bool) -> tuple[int,
         weights, ``stride < 1``; (CuPy) a weight on another GPU than ``x``.
     """
     _check_x(x)
-    _check_weights(weights, x, array_library(x), same_dtype)
+    _check_weights(weights, x, array_library(x) if library is None else library, same_dtype)
     return _resolve_levels(levels, weights), _check_stride(stride)
 
 

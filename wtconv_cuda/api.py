@@ -197,7 +197,8 @@ def forward(x, w, levels=None, stride=1, tape=None):
     if tape is not None and not isinstance(tape, Tape):
         raise TypeError(f"tape must be a Tape or None, got {type(tape).__name__}")
     on_gpu = library == "cupy"
-    levels, stride = _validate.check_forward(x, w, levels, stride, same_dtype=on_gpu)
+    levels, stride = _validate.check_forward(x, w, levels, stride, same_dtype=on_gpu,
+                                             library=library)
     if on_gpu:
         from . import gpu
 
@@ -259,8 +260,10 @@ def backward(saved, dy):
     if not isinstance(saved, Saved):
         raise TypeError(f"saved must be a Saved record, got {type(saved).__name__}")
     x, weights, levels, stride = saved
-    on_gpu = _library_of_input(x) == "cupy"
-    levels, stride = _validate.check_forward(x, weights, levels, stride, same_dtype=on_gpu)
+    library = _library_of_input(x)
+    on_gpu = library == "cupy"
+    levels, stride = _validate.check_forward(x, weights, levels, stride, same_dtype=on_gpu,
+                                             library=library)
     _validate.check_dy(dy, x, stride, same_dtype=on_gpu)
     if on_gpu:
         from . import gpu

@@ -136,7 +136,7 @@ def forward(x, w: WTConvWeights, levels: int, stride: int):
     """
     import cupy
     problem = _problem(x, w, levels, stride)
-    device_id = x.device.id
+    device_id = x.data.device_id  # x.device would build a Device object
     with DeviceScope(device_id):
         y = cupy.empty(output_shape(x.shape, stride), dtype=x.dtype)
         if x.shape[0] == 0:
@@ -180,7 +180,7 @@ def backward(x, w: WTConvWeights, dy, levels: int, stride: int):
     """
     import cupy
     problem = _problem(x, w, levels, stride)
-    device_id = x.device.id
+    device_id = x.data.device_id  # x.device would build a Device object
     with DeviceScope(device_id):
         dx = cupy.empty(x.shape, dtype=x.dtype)
         grads = WTConvWeights(*(None if a is None else cupy.empty(a.shape, dtype=a.dtype)

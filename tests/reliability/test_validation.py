@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import wtconv_cuda as wt
-from wtconv_cuda import Saved, Tape, WTConvWeights, reference
+from wtconv_cuda import Saved, Tape, WTConvWeights, _validate, reference
 
 from ..conftest import random_weights
 
@@ -315,15 +315,41 @@ class FakeDevice:
         self.id = id
 
 
+class FakeMemoryPointer:
+    def __init__(self, device_id):
+        self.device_id = device_id
+
+
 class FakeCupyArray:
-    """Looks like a cupy.ndarray to the dispatcher: shape, ndim, dtype, device, module."""
+    """Looks like a cupy.ndarray to the dispatcher: shape, ndim, dtype, module, and the
+    device both as ``data.device_id`` and as a ``device`` object built on each access."""
 
     def __init__(self, a, device=0):
         self.a, self.shape, self.ndim, self.dtype = a, a.shape, a.ndim, a.dtype
-        self.device = FakeDevice(device)
+        self.data = FakeMemoryPointer(device)
+
+    @property
+    def device(self):
+        return FakeDevice(self.data.device_id)
 
 
 FakeCupyArray.__module__ = "cupy._core.core"
+
+
+class DeviceOnlyArray(FakeCupyArray):
+    """A CuPy-like array that names its device only through ``device``."""
+
+    def __init__(self, a, device=0):
+        super().__init__(a, device)
+        self._device = FakeDevice(device)
+        del self.data
+
+    @property
+    def device(self):
+        return self._device
+
+
+DeviceOnlyArray.__module__ = "cupy._core.core"
 
 
 def fake(w: WTConvWeights, dtype=np.float32, device=0, **overrides) -> WTConvWeights:
@@ -405,6 +431,22 @@ def test_gpu_dispatch_rejects_bad_dy(rng, x, w, no_gpu_module, make, error, matc
     saved = Saved(FakeCupyArray(x.astype(np.float32)), fake(w), None, 1)
     with pytest.raises(error, match=match):
         wt.backward(saved, make(dy_for(rng, x)))
+
+
+def test_device_id_reads_the_memory_pointer_then_the_device_object(rng):
+    a = rng.standard_normal(3)
+    assert _validate._device_id(FakeCupyArray(a, 2)) == 2
+    assert _validate._device_id(DeviceOnlyArray(a, 3)) == 3
+    assert _validate._device_id(a) is None  # NumPy: a memoryview without device_id
+    assert _validate._device_id(object()) is None
+
+
+def test_a_weight_on_another_device_is_found_by_either_attribute(rng, x, w, no_gpu_module):
+    gx = FakeCupyArray(x.astype(np.float32), 0)
+    gw = fake(w, wavelet_scale=DeviceOnlyArray(w.wavelet_scale.astype(np.float32), 1))
+    with pytest.raises(ValueError, match="weights.wavelet_scale is on CUDA device 1 but x is on "
+                                         "CUDA device 0"):
+        wt.forward(gx, gw)
 
 
 # ---------------------------------------------------------------------------
