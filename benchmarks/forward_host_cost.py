@@ -12,9 +12,11 @@ call:
 - the same two back to back, host wall clock per call (``perf_counter``);
 
 then the 15 most expensive functions of 300 ``wtconv_cuda.forward`` calls
-under cProfile.
+under cProfile. ``--dtypes`` repeats it per storage dtype; the arrays are CuPy
+views of PyTorch tensors (``cupy.from_dlpack``), as in the user benchmark's
+CuPy column, so bfloat16 arrives as ``ml_dtypes.bfloat16``.
 
-    python benchmarks/forward_host_cost.py
+    python benchmarks/forward_host_cost.py --dtypes float32 float16 bfloat16
     ncu --kernel-name regex:wtconv python benchmarks/forward_host_cost.py --launches 5
 """
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import itertools
 import pstats
 import statistics
 import time
@@ -33,6 +36,13 @@ import wtconv_cuda as wt
 from wtconv_cuda.gpu import _backend, _kernel_weights, _problem
 from wtconv_cuda.kernels.launch import run_forward
 from wtconv_cuda.weights import WTConvWeights
+
+
+def device_array(values, dtype):
+    """A CuPy view of a CUDA PyTorch tensor holding ``values`` (float32) in ``dtype``."""
+    import torch
+    tensor = torch.from_numpy(values).cuda().to(getattr(torch, dtype))
+    return cupy.from_dlpack(tensor)  # the view keeps the tensor alive
 
 
 def per_call_events_us(fn, calls=200):
@@ -73,16 +83,18 @@ def print_profile(call, calls=300, top=15):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", nargs="+", default=["64x768x7x7:2", "1x8x16x16:3"])
+    parser.add_argument("--dtypes", nargs="+", default=["float32"],
+                        choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--launches", type=int, default=0,
                         help="only launch the forward this many times (an ncu target)")
     args = parser.parse_args(argv)
     rng = np.random.default_rng(0)
-    for text in args.shapes:
+    for text, dtype in itertools.product(args.shapes, args.dtypes):
         dims, levels = text.split(":")
         b, c, h, w = (int(v) for v in dims.split("x"))
         levels = int(levels)
-        x = cupy.asarray(rng.standard_normal((b, c, h, w), dtype=np.float32))
-        weights = WTConvWeights(*(cupy.asarray(rng.uniform(-1, 1, s).astype(np.float32))
+        x = device_array(rng.standard_normal((b, c, h, w), dtype=np.float32), dtype)
+        weights = WTConvWeights(*(device_array(rng.uniform(-1, 1, s).astype(np.float32), dtype)
                                   for s in [(c, 5, 5), (c,), (c,), (levels, c, 4, 5, 5),
                                             (levels, c, 4)]))
         problem = _problem(x, weights, levels, 1)
@@ -111,7 +123,7 @@ def main(argv=None) -> int:
         stop.record()
         stop.synchronize()
         kernel = cupy.cuda.get_elapsed_time(start, stop) * 10
-        print(f"{text}: kernel {kernel:.1f} us | per-call events: run_forward "
+        print(f"{text} {dtype}: kernel {kernel:.1f} us | per-call events: run_forward "
               f"{per_call_events_us(raw):.1f}, wtconv_cuda.forward {per_call_events_us(api):.1f} "
               f"| back to back: run_forward {back_to_back_us(raw):.1f}, "
               f"wtconv_cuda.forward {back_to_back_us(api):.1f}", flush=True)

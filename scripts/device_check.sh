@@ -24,6 +24,8 @@
 #              piece by piece, and a cProfile of it                 (~1 min)
 #   cupyhost   benchmarks/cupy_host_profile.py: the same for the CuPy path's
 #              training step (forward with a Tape, Tape.backward)  (~1 min)
+#   fwdhost    benchmarks/forward_host_cost.py: the CuPy forward's kernel, per-call and
+#              back-to-back times and a cProfile, fp32 / fp16 / bf16 (~1 min)
 #   torchstep  the PyTorch module path in one short call: its GPU tests, its host
 #              cost against the functional path, the ConvNeXt-T stage benchmark,
 #              WTConvNeXt-T bf16 eager                              (~5 min cold)
@@ -441,6 +443,15 @@ run_cupyhost() {
   return $rc
 }
 
+run_fwdhost() {
+  echo "== host cost of the CuPy forward per dtype (benchmarks/forward_host_cost.py)"
+  timeout 150 python3 benchmarks/forward_host_cost.py --dtypes float32 float16 bfloat16 \
+    >"$OUT/forward_host_cost.txt" 2>&1
+  local rc=$?
+  grep ' kernel ' "$OUT/forward_host_cost.txt"
+  return $rc
+}
+
 run_kernelbench() {
   echo "== kernel benchmark"
   timeout 300 python3 benchmarks/kernel_bench.py --json "$OUT/kernel_bench.json" 2>&1 \
@@ -543,7 +554,7 @@ print(*sorted({f"{h}x{w}:{lv}" for _, _, h, w, lv, _ in CONFIGS}))')
 
 for phase in "${phases[@]}"; do
   case "$phase" in
-    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|torchstep|stepprofile|tiles|tileprofile|split|registers|ab|bwdprofile|hotspots|tilehotspots|lanes|lanehotspots)
+    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|fwdhost|torchstep|stepprofile|tiles|tileprofile|split|registers|ab|bwdprofile|hotspots|tilehotspots|lanes|lanehotspots)
       "run_$phase" || status=1 ;;
     *) echo "unknown phase: $phase"; status=2 ;;
   esac

@@ -18,6 +18,7 @@ Implementations compared (keys of every result dict):
 
 from __future__ import annotations
 
+
 import gc
 import time
 import traceback
@@ -237,7 +238,8 @@ def module_impl(name: str, module, torch) -> Impl:
 def cupy_impl(layer, runtime: Runtime, cupy) -> Impl:
     """The CuPy path :func:`wtconv_cuda.forward` on zero-copy views of ``layer``'s weights.
 
-    Work is queued on PyTorch's current stream, so the CUDA events time it.
+    Work is queued on PyTorch's current stream, so the CUDA events time it
+    (entering it as CuPy's current stream only where it is not already).
 
     Parameters
     ----------
@@ -258,18 +260,33 @@ def cupy_impl(layer, runtime: Runtime, cupy) -> Impl:
     held = [None if t is None else t.detach().contiguous() for t in layer.kernel_weights()]
     weights = wt.WTConvWeights(*(None if t is None else cupy.from_dlpack(t) for t in held))
     pointer = runtime.torch.cuda.current_stream(runtime.device).cuda_stream
+    with cupy.cuda.Device(runtime.device.index):
+        same_stream = cupy.cuda.get_current_stream().ptr == pointer
+    # Where CuPy's current stream is already PyTorch's (both are the legacy
+    # default stream unless a caller changed one), a user would not switch
+    # streams, so the timed calls do not either.
     stream = cupy.cuda.Stream.null if pointer == 0 else cupy.cuda.ExternalStream(pointer)
 
-    def forward(x, _held=held):
-        with stream:
+    def train_step(x, dy):
+        tape = wt.Tape()
+        wt.forward(x, weights, tape=tape)
+        dx, grads = tape.backward(dy)
+        return (dx, *(g for g in grads if g is not None))
+
+    if same_stream:
+        def forward(x, _held=held):
             return wt.forward(x, weights)
 
-    def train(x, dy, _held=held):
-        with stream:
-            tape = wt.Tape()
-            wt.forward(x, weights, tape=tape)
-            dx, grads = tape.backward(dy)
-        return (dx, *(g for g in grads if g is not None))
+        def train(x, dy, _held=held):
+            return train_step(x, dy)
+    else:
+        def forward(x, _held=held):
+            with stream:
+                return wt.forward(x, weights)
+
+        def train(x, dy, _held=held):
+            with stream:
+                return train_step(x, dy)
 
     def prepare(x):
         return cupy.from_dlpack(x.detach())
