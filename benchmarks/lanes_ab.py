@@ -9,7 +9,10 @@ dtype this script alternates the settings ``plane`` (no lane kernel),
 threads a plane, for planes of up to ``LANES_FORCE_MAX_PIXELS``) and ``all1``
 / ``all2`` (the forward and the backward's ``dx`` forward on its forward
 too, ``LANES_FORWARD_MAX_PIXELS``; ``all4``: those with four threads a plane,
-``LANES_FORWARD_DEFAULT``) for ``--rounds`` rounds, plan and program caches
+``LANES_FORWARD_DEFAULT``; ``noreg1`` / ``noreg2`` / ``noreg4``: ``all1`` /
+``all2`` / ``all4`` with the register kernel off, ``REGISTER_MAX_PIXELS`` 0, so
+that planes of up to 8 x 8, which it takes first, run on the lane kernels;
+at such a shape ``plane`` is the register kernel) for ``--rounds`` rounds, plan and program caches
 cleared at every switch, kernels compiled beforehand, and prints in us the
 median over ``--repeats`` calls with rotating inputs of ``fwd`` and ``step``
 (events around one forward, or one forward and backward, after the GPU went
@@ -39,14 +42,18 @@ from split_threshold import (
     DTYPES, add_common_options, layer_calls, make_inputs, parse_shape, time_round,
 )
 #: setting -> (LANES_MAX_PIXELS, LANES_DEFAULT, LANES_FORWARD_MAX_PIXELS,
-#: LANES_FORWARD_DEFAULT): the weight gradients on the lane kernel (lanes1, lanes2),
-#: the forwards too (all1, all2; all4: the forwards with four threads a plane).
+#: LANES_FORWARD_DEFAULT, REGISTER_MAX_PIXELS): the weight gradients on the lane
+#: kernel (lanes1, lanes2), the forwards too (all1, all2; all4: the forwards with
+#: four threads a plane), and those with the register kernel off (noreg*).
 _ALL = launch.LANES_FORCE_MAX_PIXELS
-SETTINGS = {"plane": (0, 2, 0, 2), "lanes1": (_ALL, 1, 0, 2), "lanes2": (_ALL, 2, 0, 2),
-            "all1": (_ALL, 1, _ALL, 1), "all2": (_ALL, 2, _ALL, 2),
-            "all4": (_ALL, 2, _ALL, 4)}
+_REG = launch.REGISTER_MAX_PIXELS
+SETTINGS = {"plane": (0, 2, 0, 2, _REG), "lanes1": (_ALL, 1, 0, 2, _REG),
+            "lanes2": (_ALL, 2, 0, 2, _REG), "all1": (_ALL, 1, _ALL, 1, _REG),
+            "all2": (_ALL, 2, _ALL, 2, _REG), "all4": (_ALL, 2, _ALL, 4, _REG),
+            "noreg1": (_ALL, 1, _ALL, 1, 0), "noreg2": (_ALL, 2, _ALL, 2, 0),
+            "noreg4": (_ALL, 2, _ALL, 4, 0)}
 _RULES = ("LANES_MAX_PIXELS", "LANES_DEFAULT", "LANES_FORWARD_MAX_PIXELS",
-          "LANES_FORWARD_DEFAULT")
+          "LANES_FORWARD_DEFAULT", "REGISTER_MAX_PIXELS")
 #: The H200 backend's limits (CupyBackend: opt-in shared memory less 1 KB, two slots
 #: per multiprocessor), for --compile-only.
 H200_LIMITS = (227 * 1024 - 1024, 2 * 132)

@@ -34,5 +34,29 @@ def test_settings_switch_the_weight_gradients(monkeypatch):
         launch.clear_plan_caches()
 
 
+def test_noreg_settings_move_tiny_planes_to_the_lane_kernels(monkeypatch):
+    for name in lanes_ab._RULES:  # restored after the test
+        monkeypatch.setattr(launch, name, getattr(launch, name))
+    stage = Problem(64, 768, 7, 7, 5, 2, 1, "float32", True)
+    lines = []
+    try:
+        specs = lanes_ab.variants(stage, ["plane", "all2", "noreg2", "noreg4"],
+                                  lanes_ab.H200_LIMITS, lines.append)
+        kinds = {type(s).__name__ for s in specs}
+        assert "RegisterSpec" in kinds  # plane and all2: the register kernel takes 7 x 7
+        assert "LaneForwardSpec" not in lines[1] and "LaneForwardSpec" in lines[2]
+        assert sorted(s.lanes for s in specs if isinstance(s, LaneForwardSpec)) == [2, 4]
+        # the weight gradients stay off the lane kernel: one partial per block of 16
+        # (or 32) planes of 49 pixels exceeds PARTIAL_FRACTION of x
+        assert not any(isinstance(s, LaneSpec) for s in specs)
+        lanes_ab.use("noreg2")
+        assert launch.plan_registers(stage, lanes_ab.H200_LIMITS[0]) is None
+        lanes_ab.use("plane")
+        assert launch.plan_registers(stage, lanes_ab.H200_LIMITS[0]) is not None
+    finally:
+        monkeypatch.undo()
+        launch.clear_plan_caches()
+
+
 def test_parse_shape():
     assert lanes_ab.parse_shape("64x384x14x14:3") == ((64, 384, 14, 14), 3)
