@@ -9,10 +9,12 @@ dtype this script alternates the settings ``plane`` (no lane kernel),
 threads a plane, for planes of up to ``LANES_FORCE_MAX_PIXELS``) and ``all1``
 / ``all2`` (the forward and the backward's ``dx`` forward on its forward
 too, ``LANES_FORWARD_MAX_PIXELS``; ``all4``: those with four threads a plane,
-``LANES_FORWARD_DEFAULT``; ``noreg1`` / ``noreg2`` / ``noreg4``: ``all1`` /
-``all2`` / ``all4`` with the register kernel off, ``REGISTER_MAX_PIXELS`` 0, so
-that planes of up to 8 x 8, which it takes first, run on the lane kernels;
-at such a shape ``plane`` is the register kernel) for ``--rounds`` rounds, plan and program caches
+``LANES_FORWARD_DEFAULT``; ``noreg1`` / ``noreg2`` / ``noreg4``: the default
+lane rules, the forward's with one, two or four threads a plane, and the
+register kernel off, ``REGISTER_MAX_PIXELS`` 0, so that planes of up to 8 x 8,
+which it takes first, run on the lane kernel's forward: the 7 x 7 stage's
+passes, and the 7 x 7 coarse problem of the 28 x 28 stage's split forward; at
+such shapes ``plane`` is the register kernel) for ``--rounds`` rounds, plan and program caches
 cleared at every switch, kernels compiled beforehand, and prints in us the
 median over ``--repeats`` calls with rotating inputs of ``fwd`` and ``step``
 (events around one forward, or one forward and backward, after the GPU went
@@ -44,14 +46,16 @@ from split_threshold import (
 #: setting -> (LANES_MAX_PIXELS, LANES_DEFAULT, LANES_FORWARD_MAX_PIXELS,
 #: LANES_FORWARD_DEFAULT, REGISTER_MAX_PIXELS): the weight gradients on the lane
 #: kernel (lanes1, lanes2), the forwards too (all1, all2; all4: the forwards with
-#: four threads a plane), and those with the register kernel off (noreg*).
+#: four threads a plane), and the default rules with the register kernel off
+#: (noreg*; larger planes keep their kernels, so no 28 x 28 lane variant is built).
 _ALL = launch.LANES_FORCE_MAX_PIXELS
 _REG = launch.REGISTER_MAX_PIXELS
+_LANES, _LANES_FWD = launch.LANES_MAX_PIXELS, launch.LANES_FORWARD_MAX_PIXELS
 SETTINGS = {"plane": (0, 2, 0, 2, _REG), "lanes1": (_ALL, 1, 0, 2, _REG),
             "lanes2": (_ALL, 2, 0, 2, _REG), "all1": (_ALL, 1, _ALL, 1, _REG),
             "all2": (_ALL, 2, _ALL, 2, _REG), "all4": (_ALL, 2, _ALL, 4, _REG),
-            "noreg1": (_ALL, 1, _ALL, 1, 0), "noreg2": (_ALL, 2, _ALL, 2, 0),
-            "noreg4": (_ALL, 2, _ALL, 4, 0)}
+            "noreg1": (_LANES, 2, _LANES_FWD, 1, 0), "noreg2": (_LANES, 2, _LANES_FWD, 2, 0),
+            "noreg4": (_LANES, 2, _LANES_FWD, 4, 0)}
 _RULES = ("LANES_MAX_PIXELS", "LANES_DEFAULT", "LANES_FORWARD_MAX_PIXELS",
           "LANES_FORWARD_DEFAULT", "REGISTER_MAX_PIXELS")
 #: The H200 backend's limits (CupyBackend: opt-in shared memory less 1 KB, two slots

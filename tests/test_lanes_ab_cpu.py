@@ -53,6 +53,14 @@ def test_noreg_settings_move_tiny_planes_to_the_lane_kernels(monkeypatch):
         assert launch.plan_registers(stage, lanes_ab.H200_LIMITS[0]) is None
         lanes_ab.use("plane")
         assert launch.plan_registers(stage, lanes_ab.H200_LIMITS[0]) is not None
+        # 28 x 28: only the split forward's 7 x 7 coarse problem moves to the lanes
+        stage28 = Problem(64, 192, 28, 28, 5, 4, 1, "float32", True)
+        lines.clear()
+        specs = lanes_ab.variants(stage28, ["plane", "noreg2"], lanes_ab.H200_LIMITS,
+                                  lines.append)
+        lanes28 = [s for s in specs if isinstance(s, (LaneSpec, LaneForwardSpec))]
+        assert [(type(s).__name__, s.height, s.storage) for s in lanes28] == [
+            ("LaneForwardSpec", 7, "float32")]
     finally:
         monkeypatch.undo()
         launch.clear_plan_caches()
