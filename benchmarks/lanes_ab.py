@@ -14,7 +14,8 @@ lane rules, the forward's with one, two or four threads a plane, and the
 register kernel off, ``REGISTER_MAX_PIXELS`` 0, so that planes of up to 8 x 8,
 which it takes first, run on the lane kernel's forward: the 7 x 7 stage's
 passes, and the 7 x 7 coarse problem of the 28 x 28 stage's split forward; at
-such shapes ``plane`` is the register kernel) for ``--rounds`` rounds, plan and program caches
+such shapes ``plane`` is the register kernel; ``reg32`` / ``reg64``: the register
+kernel's blocks of 32 or 64 threads instead of ``REGISTER_THREADS``) for ``--rounds`` rounds, plan and program caches
 cleared at every switch, kernels compiled beforehand, and prints in us the
 median over ``--repeats`` calls with rotating inputs of ``fwd`` and ``step``
 (events around one forward, or one forward and backward, after the GPU went
@@ -44,20 +45,26 @@ from split_threshold import (
     DTYPES, add_common_options, layer_calls, make_inputs, parse_shape, time_round,
 )
 #: setting -> (LANES_MAX_PIXELS, LANES_DEFAULT, LANES_FORWARD_MAX_PIXELS,
-#: LANES_FORWARD_DEFAULT, REGISTER_MAX_PIXELS): the weight gradients on the lane
-#: kernel (lanes1, lanes2), the forwards too (all1, all2; all4: the forwards with
-#: four threads a plane), and the default rules with the register kernel off
-#: (noreg*; larger planes keep their kernels, so no 28 x 28 lane variant is built).
+#: LANES_FORWARD_DEFAULT, REGISTER_MAX_PIXELS, REGISTER_THREADS): the weight
+#: gradients on the lane kernel (lanes1, lanes2), the forwards too (all1, all2; all4:
+#: the forwards with four threads a plane), the default rules with the register
+#: kernel off (noreg*; larger planes keep their kernels, so no 28 x 28 lane variant
+#: is built), and the register kernel's smaller blocks (reg32, reg64).
 _ALL = launch.LANES_FORCE_MAX_PIXELS
-_REG = launch.REGISTER_MAX_PIXELS
+_REG, _REG_THREADS = launch.REGISTER_MAX_PIXELS, launch.REGISTER_THREADS
 _LANES, _LANES_FWD = launch.LANES_MAX_PIXELS, launch.LANES_FORWARD_MAX_PIXELS
-SETTINGS = {"plane": (0, 2, 0, 2, _REG), "lanes1": (_ALL, 1, 0, 2, _REG),
-            "lanes2": (_ALL, 2, 0, 2, _REG), "all1": (_ALL, 1, _ALL, 1, _REG),
-            "all2": (_ALL, 2, _ALL, 2, _REG), "all4": (_ALL, 2, _ALL, 4, _REG),
-            "noreg1": (_LANES, 2, _LANES_FWD, 1, 0), "noreg2": (_LANES, 2, _LANES_FWD, 2, 0),
-            "noreg4": (_LANES, 2, _LANES_FWD, 4, 0)}
+SETTINGS = {"plane": (0, 2, 0, 2, _REG, _REG_THREADS),
+            "lanes1": (_ALL, 1, 0, 2, _REG, _REG_THREADS),
+            "lanes2": (_ALL, 2, 0, 2, _REG, _REG_THREADS),
+            "all1": (_ALL, 1, _ALL, 1, _REG, _REG_THREADS),
+            "all2": (_ALL, 2, _ALL, 2, _REG, _REG_THREADS),
+            "all4": (_ALL, 2, _ALL, 4, _REG, _REG_THREADS),
+            "noreg1": (_LANES, 2, _LANES_FWD, 1, 0, _REG_THREADS),
+            "noreg2": (_LANES, 2, _LANES_FWD, 2, 0, _REG_THREADS),
+            "noreg4": (_LANES, 2, _LANES_FWD, 4, 0, _REG_THREADS),
+            "reg32": (0, 2, 0, 2, _REG, 32), "reg64": (0, 2, 0, 2, _REG, 64)}
 _RULES = ("LANES_MAX_PIXELS", "LANES_DEFAULT", "LANES_FORWARD_MAX_PIXELS",
-          "LANES_FORWARD_DEFAULT", "REGISTER_MAX_PIXELS")
+          "LANES_FORWARD_DEFAULT", "REGISTER_MAX_PIXELS", "REGISTER_THREADS")
 #: The H200 backend's limits (CupyBackend: opt-in shared memory less 1 KB, two slots
 #: per multiprocessor), for --compile-only.
 H200_LIMITS = (227 * 1024 - 1024, 2 * 132)

@@ -61,6 +61,10 @@ def test_noreg_settings_move_tiny_planes_to_the_lane_kernels(monkeypatch):
         lanes28 = [s for s in specs if isinstance(s, (LaneSpec, LaneForwardSpec))]
         assert [(type(s).__name__, s.height, s.storage) for s in lanes28] == [
             ("LaneForwardSpec", 7, "float32")]
+        # reg32: the register kernel's coarse problem in blocks of 32 threads
+        specs = lanes_ab.variants(stage28, ["plane", "reg32"], lanes_ab.H200_LIMITS)
+        assert sorted({s.threads for s in specs if type(s).__name__ == "RegisterSpec"
+                       and not s.backward}) == [32, 128]
     finally:
         monkeypatch.undo()
         launch.clear_plan_caches()
