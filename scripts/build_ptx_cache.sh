@@ -2,7 +2,8 @@
 # Compile kernel variants to PTX on a CPU machine, for a device call to carry.
 #
 #   bash scripts/build_ptx_cache.sh K [K ...]
-#   bash scripts/build_ptx_cache.sh lanes    (the device_check.sh lanes phase's A/B)
+#   bash scripts/build_ptx_cache.sh lanes    (the device_check.sh lanes phase's A/B;
+#                                             LANES_SHAPES and LANES_SETTINGS as there)
 #
 # A fresh device machine starts with an empty kernel cache, and compiling the
 # oracle sweep's variants of one kernel size there takes most of a 10-minute
@@ -47,9 +48,12 @@ for k in "$@"; do
   echo "== K $k: compiling into $work"
   if [ "$k" = lanes ]; then  # the lanes phase's A/B (its default shapes, fp32 and bf16)
     # shellcheck disable=SC2086  # LANES_SHAPES is a list of shapes
+    settings=()
+    # shellcheck disable=SC2206  # LANES_SETTINGS is a list of lanes_ab.py settings
+    [ -n "${LANES_SETTINGS:-}" ] && settings=(--settings $LANES_SETTINGS)
     env -u NUMBA_ENABLE_CUDASIM WTCONV_CUDA_CACHE="$PWD/$work" PYTHONPATH="$PWD" \
       "$venv/bin/python" benchmarks/lanes_ab.py --compile-only --jobs "$jobs" --dtypes fp32 bf16 \
-      --shapes ${LANES_SHAPES:-64x384x14x14:3 32x384x14x14:3} | tail -n 2
+      --shapes ${LANES_SHAPES:-64x384x14x14:3 32x384x14x14:3} "${settings[@]}" | tail -n 2
   else
     # shellcheck disable=SC2086  # planes is a list
     env -u NUMBA_ENABLE_CUDASIM WTCONV_CUDA_CACHE="$PWD/$work" PYTHONPATH="$PWD" \
