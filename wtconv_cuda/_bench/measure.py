@@ -18,7 +18,6 @@ Implementations compared (keys of every result dict):
 
 from __future__ import annotations
 
-
 import gc
 import time
 import traceback
