@@ -261,36 +261,35 @@ def cupy_impl(layer, runtime: Runtime, cupy) -> Impl:
     pointer = runtime.torch.cuda.current_stream(runtime.device).cuda_stream
     with cupy.cuda.Device(runtime.device.index):
         same_stream = cupy.cuda.get_current_stream().ptr == pointer
-    # Where CuPy's current stream is already PyTorch's (both are the legacy
-    # default stream unless a caller changed one), a user would not switch
-    # streams, so the timed calls do not either.
-    stream = cupy.cuda.Stream.null if pointer == 0 else cupy.cuda.ExternalStream(pointer)
 
-    def train_step(x, dy):
+    def forward(x, _held=held):
+        return wt.forward(x, weights)
+
+    def train(x, dy, _held=held):
         tape = wt.Tape()
         wt.forward(x, weights, tape=tape)
         dx, grads = tape.backward(dy)
         return (dx, *(g for g in grads if g is not None))
 
-    if same_stream:
-        def forward(x, _held=held):
-            return wt.forward(x, weights)
-
-        def train(x, dy, _held=held):
-            return train_step(x, dy)
-    else:
-        def forward(x, _held=held):
-            with stream:
-                return wt.forward(x, weights)
-
-        def train(x, dy, _held=held):
-            with stream:
-                return train_step(x, dy)
+    # Where CuPy's current stream is already PyTorch's (both are the legacy
+    # default stream unless a caller changed one), a user would not switch
+    # streams, so the timed calls do not either.
+    if not same_stream:
+        stream = cupy.cuda.Stream.null if pointer == 0 else cupy.cuda.ExternalStream(pointer)
+        forward, train = _on_stream(stream, forward), _on_stream(stream, train)
 
     def prepare(x):
         return cupy.from_dlpack(x.detach())
 
     return Impl("cupy", forward, train, prepare, ())
+
+
+def _on_stream(stream, fn):
+    """``fn`` with ``stream`` as CuPy's current stream for the call."""
+    def call(*args):
+        with stream:
+            return fn(*args)
+    return call
 
 
 def build_implementations(cfg: Config, dtype: str, runtime: Runtime, materialising=None,
