@@ -65,6 +65,10 @@ def main(argv=None):
     forward_addresses = [a.data.ptr for a in (x, y, *kw)]
     stream = cupy.cuda.get_current_stream()
 
+    recorded = wt.Tape()
+    wt.forward(x, weights, tape=recorded)
+    recorded_backward = recorded.backward
+
     def enter_device():
         with cupy.cuda.Device(x.device.id):
             pass
@@ -74,6 +78,7 @@ def main(argv=None):
         ("wt.forward", lambda: wt.forward(x, weights)),
         ("wt.backward (Saved built once)",
          lambda saved=wt.Saved(x, weights, levels, 1): wt.backward(saved, dy)),
+        ("Tape.backward (the forward's record: dy checked)", lambda: recorded_backward(dy)),
         ("_validate.check_forward", lambda: _validate.check_forward(x, weights, None, 1,
                                                                     same_dtype=True)),
         ("_validate.check_dy", lambda: _validate.check_dy(dy, x, 1, same_dtype=True)),
@@ -86,6 +91,10 @@ def main(argv=None):
         ("backend.kernel(spec) (cached)", lambda: backend.kernel(launch.spec)),
         ("backend.table(geo) (cached)", lambda: backend.table(launch.geo)),
         ("cupy.empty(x.shape)", lambda: cupy.empty(x.shape, dtype=x.dtype)),
+        ("weight gradients: cupy.empty each",
+         lambda: [cupy.empty(a.shape, dtype=a.dtype) for a in weights if a is not None]),
+        ("weight gradients: gpu.gradient_arrays",
+         lambda: gpu.gradient_arrays(weights, x.dtype, cupy)),
         ("cupy.ascontiguousarray(x)", lambda: cupy.ascontiguousarray(x)),
         ("with cupy.cuda.Device(0)", enter_device),
         ("forward kernel launch (CupyBackend.call)",

@@ -122,6 +122,7 @@ def test_tape_backward_before_forward_raises():
         Tape().backward(np.ones((1, 1, 1, 1)))
 
 
+
 def test_bias_free_layer_has_no_bias_gradient(rng, x):
     w = random_weights(rng, C, K, L, bias=False)
     tape = Tape()
@@ -220,6 +221,36 @@ def test_cupy_inputs_go_to_gpu_module_with_resolved_arguments(rng, x, w, fake_gp
     cdy = FakeCupyArray(dy_for(rng, x, 2).astype(np.float32))
     assert tape.backward(cdy) == ("dx", "dw")
     assert fake_gpu[1] == ("backward", (cx, cw, cdy, L, 2))
+
+
+def test_tape_backward_checks_only_dy_of_the_record_forward_made(rng, x, w, fake_gpu,
+                                                                 monkeypatch):
+    """forward checked its record's arguments; Tape.backward checks dy, not them again.
+    A record assigned to ``saved`` by hand is checked in full."""
+    from wtconv_cuda import _validate
+
+    calls = []
+    check_forward = _validate.check_forward
+    monkeypatch.setattr(_validate, "check_forward",
+                        lambda *a, **k: calls.append(1) or check_forward(*a, **k))
+    cx, cw = FakeCupyArray(x.astype(np.float32)), fake_cupy_weights(w, np.float32)
+    cdy = FakeCupyArray(dy_for(rng, x, 2).astype(np.float32))
+    tape = Tape()
+    wt.forward(cx, cw, stride=2, tape=tape)
+    assert tape.backward(cdy) == ("dx", "dw")
+    assert len(calls) == 1 and fake_gpu[1] == ("backward", (cx, cw, cdy, L, 2))
+    with pytest.raises(ValueError, match=r"dy must have shape .* got \(2, 3, 9, 7\)"):
+        tape.backward(FakeCupyArray(dy_for(rng, x, 1).astype(np.float32)))
+    with pytest.raises(TypeError, match="dy has dtype float16 but x has dtype float32"):
+        tape.backward(FakeCupyArray(dy_for(rng, x, 2).astype(np.float16)))
+
+    tape.saved = Saved(cx, cw, L + 1, 2)  # by hand, wrong levels: checked
+    with pytest.raises(ValueError, match=f"levels = {L + 1} but the weights hold {L}"):
+        tape.backward(cdy)
+    tape.saved = Saved(cx, cw, np.int64(L), np.int64(2))  # by hand, valid: checked, resolved
+    assert tape.backward(cdy) == ("dx", "dw")
+    assert len(calls) == 3 and fake_gpu[-1] == ("backward", (cx, cw, cdy, L, 2))
+    assert type(fake_gpu[-1][1][3]) is int and type(fake_gpu[-1][1][4]) is int
 
 
 def test_gpu_path_requires_one_dtype(rng, x, w, fake_gpu):

@@ -79,10 +79,16 @@ class Tape:
     True
     """
 
-    __slots__ = ("saved",)
+    __slots__ = ("saved", "_checked")
 
     def __init__(self):
         self.saved = None
+        # The record :func:`forward` made and checked; a record assigned to
+        # ``saved`` by hand is checked again by :meth:`backward`.
+        self._checked = None
+
+    def _record(self, saved: Saved) -> None:
+        self.saved = self._checked = saved
 
     def __repr__(self):
         state = "empty" if self.saved is None else "recorded"
@@ -111,9 +117,12 @@ class Tape:
         TypeError, ValueError
             ``dy`` is invalid, as in :func:`wtconv_cuda.backward`.
         """
-        if self.saved is None:
+        saved = self.saved
+        if saved is None:
             raise RuntimeError("Tape.backward called before a forward call recorded into this tape")
-        return backward(self.saved, dy)
+        if saved is self._checked:  # forward checked these arguments: only dy is new
+            return _backward(saved, dy, _library_of_input(saved.x))
+        return backward(saved, dy)
 
 
 def _library_of_input(x) -> str:
@@ -206,7 +215,7 @@ def forward(x, w, levels=None, stride=1, tape=None):
     else:
         y = reference.forward(x, w, levels, stride).astype(x.dtype, copy=False)
     if tape is not None:
-        tape.saved = Saved(x, w, levels, stride)
+        tape._record(Saved(x, w, levels, stride))
     return y
 
 
@@ -229,7 +238,8 @@ def backward(saved, dy):
         Gradient of every parameter, each in its parameter's shape and
         dtype; ``dw.base_bias`` is ``None`` for a layer without bias. On the
         GPU the batch is summed in a fixed order: repeated calls return
-        bitwise identical results.
+        bitwise identical results; the gradients are views of one
+        allocation there.
 
     Raises
     ------
@@ -261,9 +271,16 @@ def backward(saved, dy):
         raise TypeError(f"saved must be a Saved record, got {type(saved).__name__}")
     x, weights, levels, stride = saved
     library = _library_of_input(x)
+    levels, stride = _validate.check_forward(x, weights, levels, stride,
+                                             same_dtype=library == "cupy", library=library)
+    return _backward(Saved(x, weights, levels, stride), dy, library)
+
+
+def _backward(saved: Saved, dy, library: str):
+    """:func:`backward` of a record whose fields are checked and resolved (``levels`` and
+    ``stride`` ints): checks ``dy`` and runs."""
+    x, weights, levels, stride = saved
     on_gpu = library == "cupy"
-    levels, stride = _validate.check_forward(x, weights, levels, stride, same_dtype=on_gpu,
-                                             library=library)
     _validate.check_dy(dy, x, stride, same_dtype=on_gpu)
     if on_gpu:
         from . import gpu

@@ -1,0 +1,45 @@
+"""The GPU path's weight-gradient arrays: views of one allocation (NumPy stands in for CuPy)."""
+
+import numpy as np
+import pytest
+
+from wtconv_cuda import gpu, init_weights
+
+DTYPES = [np.float32, np.float16, pytest.param("bfloat16", id="bfloat16")]
+
+
+def _dtype(name):
+    if name == "bfloat16":
+        return np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    return np.dtype(name)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("channels, kernel_size, levels", [(3, 5, 2), (96, 7, 0), (1, 1, 4)])
+def test_gradient_arrays_are_aligned_disjoint_views(channels, kernel_size, levels, dtype, bias):
+    dtype = _dtype(dtype)
+    w = init_weights(channels, kernel_size, levels, seed=0, dtype=np.float32)
+    if not bias:
+        w = w._replace(base_bias=None)
+    grads = gpu.gradient_arrays(w, dtype, np)
+
+    assert (grads.base_bias is None) == (not bias)
+    present = [(g, a) for g, a in zip(grads, w) if a is not None]
+    base = present[0][0].base
+    starts = []
+    for g, a in present:
+        assert g.shape == a.shape and g.dtype == dtype and g.flags.c_contiguous
+        assert g.base is base  # one allocation
+        start = g.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+        assert start % gpu.GRADIENT_ALIGN == 0
+        starts.append((start, start + g.nbytes))
+    starts.sort()
+    assert all(end <= nxt for (_, end), (nxt, _) in zip(starts, starts[1:]))
+    assert starts[-1][1] <= base.nbytes
+
+    # every element belongs to one gradient: writing each leaves the others alone
+    for i, (g, _) in enumerate(present):
+        g[...] = i + 1
+    for i, (g, _) in enumerate(present):
+        assert (g.astype(np.float32) == i + 1).all()
