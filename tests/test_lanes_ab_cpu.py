@@ -73,3 +73,15 @@ def test_noreg_settings_move_tiny_planes_to_the_lane_kernels(planner_rules):
 
 def test_parse_shape():
     assert lanes_ab.parse_shape("64x384x14x14:3") == ((64, 384, 14, 14), 3)
+
+
+def test_groups2_keeps_two_threads_a_plane_in_16_bit_storage(planner_rules):
+    stage = Problem(64, 384, 14, 14, 5, 3, 1, "bfloat16", True)
+    lines = []
+    specs = lanes_ab.variants(stage, ["default", "groups2"], lanes_ab.H200_LIMITS,
+                              lines.append)
+    assert sorted((s.lanes, s.groups) for s in specs if isinstance(s, LaneSpec)) == [
+        (1, 1), (2, 2)]
+    lanes_ab.use("default")  # the rules as they stand: one thread a plane, one group
+    assert launch.LANE_GROUPS_DEFAULT == 1
+    assert launch.plan_lanes(stage, *lanes_ab.H200_LIMITS).spec.lanes == 1

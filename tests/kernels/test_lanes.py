@@ -38,13 +38,13 @@ LIMIT = 227 * 1024  # dynamic shared memory of a block, bytes
 SLOTS = 1 << 30
 
 
-def lane_backward_errors(rng, shape, levels, k, lanes, storage="float32", bias=True):
-    """The backward with the lane kernel forced: relative errors of ``dx`` and every
-    gradient, after checking the launches and buffers against the planner's lists."""
+def lane_backward(rng, shape, levels, k, lanes, storage="float32", bias=True, groups=None):
+    """The backward with the lane kernel forced, after checking the launches and buffers
+    against the planner's lists: the layer and its ``dy``, ``dx`` and gradients."""
     x, wts, weights, problem = random_layer(rng, shape, levels, k, 1, storage, bias)
-    tuning = Tuning(lanes=lanes, dx_forward=True, registers=False)
+    tuning = Tuning(lanes=lanes, dx_forward=True, registers=False, lane_groups=groups)
     lane_launch = plan_lanes(problem, LIMIT, SLOTS, tuning)
-    assert lane_launch is not None
+    assert lane_launch is not None and lane_launch.spec.groups == (groups or 1)
     dy = rng.standard_normal(shape).astype(x.dtype)
     dx = np.full(shape, np.nan, x.dtype)
     grads = Weights(*(np.full(a.shape, np.nan, x.dtype) for a in weights))
@@ -57,6 +57,13 @@ def lane_backward_errors(rng, shape, levels, k, lanes, storage="float32", bias=T
     assert backend.requests[-1] == lane_launch.partial_floats
     np.testing.assert_array_equal(x, x_before)
     np.testing.assert_array_equal(dy, dy_before)
+    return x, wts, dy, dx, grads
+
+
+def lane_backward_errors(rng, shape, levels, k, lanes, storage="float32", bias=True,
+                         groups=None):
+    """Relative errors of :func:`lane_backward`'s ``dx`` and every gradient."""
+    x, wts, dy, dx, grads = lane_backward(rng, shape, levels, k, lanes, storage, bias, groups)
     return backward_errors(x, wts, dy, levels, 1, dx, grads, bias)
 
 
@@ -72,6 +79,30 @@ def test_lane_kernel_matches_oracle(rng, shape, levels, k, lanes):
     errors = lane_backward_errors(rng, shape, levels, k, lanes)
     bad = {n: e for n, e in errors.items() if not e < TOLERANCE["float32"]}
     assert not bad, bad
+
+
+@simulator
+@pytest.mark.parametrize("shape,levels,k,lanes,groups,storage", [
+    ((64, 1, 7, 6), 2, 3, 2, 2, "float32"),   # two blocks of two groups; odd grids
+    ((48, 2, 5, 3), 3, 3, 2, 3, "float32"),   # three groups, two channels; a 1 x 1 level
+    ((64, 1, 3, 5), 1, 5, 1, 2, "float16"),   # one thread a plane
+])
+def test_lane_kernel_groups_match_oracle(rng, shape, levels, k, lanes, groups, storage):
+    errors = lane_backward_errors(rng, shape, levels, k, lanes, storage, groups=groups)
+    bad = {n: e for n, e in errors.items() if not e < TOLERANCE[storage]}
+    assert not bad, bad
+
+
+@simulator
+def test_lane_kernel_groups_add_as_the_finalize_does(rng):
+    """A block of two groups writes the sum the finalize forms of two blocks' partials
+    (nothing else is summed there: one partial per channel), so the bits agree."""
+    one = lane_backward(np.random.default_rng(7), (32, 2, 6, 7), 2, 3, 2)
+    two = lane_backward(np.random.default_rng(7), (32, 2, 6, 7), 2, 3, 2, groups=2)
+    for a, b in zip(one[3:], two[3:]):
+        for u, v in zip(a if isinstance(a, Weights) else (a,), b if isinstance(b, Weights)
+                        else (b,)):
+            np.testing.assert_array_equal(u, v)
 
 
 @simulator
@@ -293,6 +324,30 @@ def test_source_checks_its_spec():
         lane_kernel_source(LaneSpec(4, "float32", 14, 14, 3, 2))
     with pytest.raises(ValueError, match="tap_batch"):
         lane_kernel_source(LaneSpec(5, "float32", 14, 14, 3, 2, tap_batch=33))
+    with pytest.raises(ValueError, match="groups"):
+        lane_kernel_source(LaneSpec(5, "float32", 14, 14, 3, 2, groups=0))
+
+
+def test_groups_planner_rules():
+    """``Tuning(lane_groups=n)``: n groups of planes a block, n times fewer blocks and
+    partials, where the batch fills them; the default stays one group."""
+    stage = Problem(64, 384, 14, 14, 5, 3, 1, "bfloat16", True)
+    x_bytes = 64 * 384 * 14 * 14 * 2
+    two = plan_lanes(stage, LIMIT, SLOTS, Tuning(lanes=2))
+    paired = plan_lanes(stage, LIMIT, SLOTS, Tuning(lanes=2, lane_groups=2))
+    assert paired.spec == two.spec._replace(groups=2)
+    assert paired.grid * 2 == two.grid and paired.partial_floats * 2 == two.partial_floats
+    assert list(paired.finalize_dims) == [64, 384, 3, 1, 2]
+    # the default rule under two groups: two threads a plane, within PARTIAL_FRACTION
+    default = plan_lanes(stage, LIMIT, SLOTS, Tuning(lane_groups=2))
+    assert (default.spec, default.grid) == (paired.spec, paired.grid)
+    assert paired.partial_floats * 4 <= launch.PARTIAL_FRACTION * x_bytes
+    assert plan_lanes(stage, LIMIT, SLOTS).spec.groups == 1
+    # a batch that does not fill two groups of 16 planes
+    assert plan_lanes(stage._replace(batch=48), LIMIT, SLOTS,
+                      Tuning(lanes=2, lane_groups=2)) is None
+    assert work_buffers(stage, True, LIMIT, SLOTS, Tuning(lanes=2, lane_groups=2))[-1] \
+        == paired.partial_floats
 
 
 @pytest.mark.parametrize("source", [

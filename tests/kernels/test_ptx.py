@@ -85,9 +85,10 @@ SPECS = textwrap.dedent("""
                                                                    "bfloat16")]
     # The lane kernels (weight gradients and forward, a plane to one, two or four threads): odd
     # planes whose grids need the padded row and column, 16-bit storage, a small tap batch,
-    # four levels (numba's control-flow walk once overflowed Python's stack there).
+    # four levels (numba's control-flow walk once overflowed Python's stack there), blocks of
+    # two groups of planes.
     specs += [LaneSpec(3, "bfloat16", 9, 6, 4, 2, tap_batch=20),
-              LaneSpec(3, "float16", 5, 7, 1, 1),
+              LaneSpec(3, "float16", 5, 7, 1, 1, groups=2),
               LaneForwardSpec(3, "bfloat16", 9, 6, 2, 2), LaneForwardSpec(3, "float16", 5, 7, 1, 1),
               LaneForwardSpec(3, "float32", 7, 5, 2, 4)]
     # More tap rows than threads (K 5 on 4-thread planes): the correlation items as

@@ -57,7 +57,7 @@ pitch apart, so its base convolution reads 32 banks too.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import NamedTuple
 
 from .codegen import STORAGE, _Emitter, _load, _store
@@ -95,6 +95,11 @@ class LaneSpec(NamedTuple):
     tap_batch : int
         Taps per reduction batch, 1 to 32: the transpose tile's rows. A
         smaller tile can let one more block share a multiprocessor.
+    groups : int
+        Groups of ``32 / lanes`` planes a block takes one after the other
+        (consecutive batch entries), adding each group's sums to its
+        partial: ``groups`` times fewer partials (and blocks) for the same
+        threads a plane.
     """
 
     kernel_size: int
@@ -105,6 +110,7 @@ class LaneSpec(NamedTuple):
     lanes: int = 2
     max_registers: int = 0
     tap_batch: int = TAP_BATCH
+    groups: int = 1
     #: Threads per block (the compiler's ``.maxntid``); not a field.
     threads = THREADS
 
@@ -169,6 +175,13 @@ def planes_per_block(spec) -> int:
     """Planes a lane kernel's block holds: ``32 / lanes`` (a `LaneSpec` or
     `LaneForwardSpec`)."""
     return THREADS // spec.lanes
+
+
+def planes_per_partial(spec) -> int:
+    """Planes whose sums a lane kernel's block writes to one partial: its
+    :func:`planes_per_block` times ``groups`` (a `LaneSpec`, or a `LaneForwardSpec`,
+    which takes one group and has no partials)."""
+    return planes_per_block(spec) * getattr(spec, "groups", 1)
 
 
 def lane_layout(spec) -> LaneLayout:
@@ -236,6 +249,8 @@ def _check(spec: LaneSpec) -> None:
         raise ValueError(f"lanes must be one of {allowed}, got {spec.lanes}")
     if isinstance(spec, LaneSpec) and not 1 <= spec.tap_batch <= THREADS:
         raise ValueError(f"tap_batch must be 1 to {THREADS}, got {spec.tap_batch}")
+    if isinstance(spec, LaneSpec) and spec.groups < 1:
+        raise ValueError(f"groups must be >= 1, got {spec.groups}")
 
 
 class _Band(NamedTuple):
@@ -254,12 +269,13 @@ def lane_kernel_source(spec: LaneSpec) -> str:
     The kernel takes ``(dy, x, part, B, C)`` (see
     :func:`wtconv_cuda.kernels.compiler.lane_signature`) and runs one warp
     per block over ``B * C / planes`` blocks, ``planes =``
-    :func:`planes_per_block`; ``B`` must be a multiple of ``planes``. Block
-    ``u`` takes channel ``c = u // nchunks`` and batch entries ``(u %
-    nchunks) * planes ..`` (``nchunks = B / planes``) and writes their
-    summed weight-gradient taps to ``part[u * ntaps:]`` in the partial
-    format of ``wtconv_finalize`` (base taps, bias, level taps carrying two
-    factors 1/2).
+    :func:`planes_per_partial` (the block's planes times ``groups``); ``B``
+    must be a multiple of ``planes``. Block ``u`` takes channel ``c = u //
+    nchunks`` and batch entries ``(u % nchunks) * planes ..`` (``nchunks = B
+    / planes``) and writes their summed weight-gradient taps to ``part[u *
+    ntaps:]`` in the partial format of ``wtconv_finalize`` (base taps, bias,
+    level taps carrying two factors 1/2): with several groups, the first
+    group's sums, then each later group's added in turn.
 
     Parameters
     ----------
@@ -283,8 +299,7 @@ def lane_kernel_source(spec: LaneSpec) -> str:
     sizes = grids(H, W, L)
     e = _Emitter()
     e("def wtconv_lanes(dy, x, part, B, C):")
-    with e.indent():
-        _emit_block_start(e, spec, lay, ("x", "dy"))
+    with e.indent(), _block_planes(e, spec, lay, ("x", "dy")):
         if lanes == 2:
             e("h = t & 1", f"xs = (t >> 1) * {lay.slot}")
         else:
@@ -293,7 +308,7 @@ def lane_kernel_source(spec: LaneSpec) -> str:
           f"tile_in = {lay.tile} + t",
           f"tile_out = {lay.tile} + t * {THREADS + 1}",
           "pbase = blk * " + str(lay.ntaps))
-        batch = _Batches(e, spec.tap_batch)
+        batch = _Batches(e, spec.tap_batch, spec.groups)
 
         # base taps and bias: dy correlated with x over the plane
         plane = _Band(H, W, lay.pitch, 1)
@@ -372,8 +387,7 @@ def lane_forward_source(spec: LaneForwardSpec) -> str:
     ld = lambda expr: _load(spec.storage, expr)  # noqa: E731
     e = _Emitter()
     e("def wtconv_lanes_forward(x, y, w0, bias, s0, ww, ws, B, C, has_bias):")
-    with e.indent():
-        _emit_block_start(e, spec, lay, ("x",))
+    with e.indent(), _block_planes(e, spec, lay, ("x",)):
         if lanes > 1:
             e(f"h = t & {lanes - 1}", f"xs = (t >> {lanes.bit_length() - 1}) * {lay.slot}")
         else:
@@ -494,19 +508,35 @@ def _emit_store(e: _Emitter, spec, lay: LaneLayout) -> None:
                     _store(e, spec.storage, f"y[gn + {m * THREADS}]", value)
 
 
-def _emit_block_start(e: _Emitter, spec, lay: LaneLayout, arrays) -> None:
+@contextmanager
+def _block_planes(e: _Emitter, spec, lay: LaneLayout, arrays):
     """The block's channel ``c`` and first batch entry ``b0``, its planes of ``arrays``
-    staged (:func:`_emit_stage`), then a warp barrier."""
-    N = planes_per_block(spec)
+    staged (:func:`_emit_stage`), then a warp barrier; the body follows.
+
+    With ``groups`` above 1 (a `LaneSpec`) the block takes that many groups of
+    planes, consecutive batch entries: the staging and the body are emitted in a
+    loop over ``grp``, a warp barrier first (the previous group's reads of the
+    slots are done). With one group the text has no loop.
+    """
+    N, R = planes_per_block(spec), getattr(spec, "groups", 1)
     e("S = cuda.shared.array(0, dtype=float32)",
       "t = int64(cuda.threadIdx.x)",
       "fz = float32(0.0)",
-      f"nchunks = B // {N}",
+      f"nchunks = B // {N * R}",
       "blk = int64(cuda.blockIdx.x)",
-      "c = blk // nchunks",
-      f"b0 = (blk - c * nchunks) * {N}")
-    _emit_stage(e, spec, lay, arrays)
-    e("cuda.syncwarp()")
+      "c = blk // nchunks")
+    if R == 1:
+        e(f"b0 = (blk - c * nchunks) * {N}")
+        _emit_stage(e, spec, lay, arrays)
+        e("cuda.syncwarp()")
+        yield
+        return
+    e(f"chunk0 = (blk - c * nchunks) * {R}", f"for grp in range({R}):")
+    with e.indent():
+        e(f"b0 = (chunk0 + grp) * {N}", "cuda.syncwarp()")
+        _emit_stage(e, spec, lay, arrays)
+        e("cuda.syncwarp()")
+        yield
 
 
 def _emit_stage(e: _Emitter, spec, lay: LaneLayout, arrays=("x", "dy")) -> None:
@@ -701,11 +731,12 @@ class _Batches:
     first tap and the odd lanes into the second, each in lane order. A batch
     holds one kind, its taps consecutive (a slot that is not the next one
     flushes the batch first); sums are scaled (exact powers of two) and
-    written to the block's partial.
+    written to the block's partial (with ``groups`` above 1, added to it after
+    the first group).
     """
 
-    def __init__(self, e: _Emitter, size: int) -> None:
-        self.e, self.size = e, size
+    def __init__(self, e: _Emitter, size: int, groups: int = 1) -> None:
+        self.e, self.size, self.groups = e, size, groups
         self.slots: list = []  # (taps, scale) per slot; taps: (tap,) or (even, odd)
 
     def add(self, value: str, scale: float, taps: tuple) -> None:
@@ -732,7 +763,11 @@ class _Batches:
             groups = [range(THREADS)] if len(first) == 1 else [range(0, THREADS, 2),
                                                                  range(1, THREADS, 2)]
             for tap, lanes in zip(first, groups):
-                e("wsum = " + " + ".join(f"S[tile_out + {m}]" for m in lanes),
-                  f"part[pbase + {tap} + t] = wsum * sc")
+                e("wsum = " + " + ".join(f"S[tile_out + {m}]" for m in lanes))
+                if self.groups == 1:
+                    e(f"part[pbase + {tap} + t] = wsum * sc")
+                else:  # groups after the first add to the partial, in order
+                    e(f"pi = pbase + {tap} + t", "ps = wsum * sc",
+                      "if grp != 0:", "    ps = part[pi] + ps", "part[pi] = ps")
         e("cuda.syncwarp()")
         self.slots = []

@@ -25,6 +25,7 @@ from .codegen import FinalizeSpec, PlaneSpec
 from .flip import FLIP_THREADS, FlipSpec
 from .lanes import THREADS as LANE_THREADS, LaneForwardSpec, LaneSpec
 from .lanes import planes_per_block as lane_planes
+from .lanes import planes_per_partial as lane_partial_planes
 from .lanes import shared_bytes as lane_shared_bytes
 from .registers import MAX_PIXELS as REGISTER_MAX_PIXELS, RegisterSpec
 from .registers import shared_bytes as register_shared_bytes
@@ -186,6 +187,11 @@ class Tuning(NamedTuple):
         forward with this many threads per plane (1, 2 or 4), where ``B`` is a
         multiple of the block's planes and the block fits; None follows
         :func:`plan_lanes_forward`'s default rule; 0 never.
+    lane_groups : int or None
+        The lane kernel's weight gradients with this many groups of planes a
+        block (``LaneSpec.groups``: that many times fewer partials), where
+        ``B`` is a multiple of the block's planes times it. None:
+        `LANE_GROUPS_DEFAULT`.
     """
 
     threads: int | None = None
@@ -204,6 +210,7 @@ class Tuning(NamedTuple):
     inner: bool | None = None
     lanes: int | None = None
     lanes_forward: int | None = None
+    lane_groups: int | None = None
 
 
 #: Bytes per element of each storage dtype.
@@ -974,6 +981,10 @@ def plan_registers(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(
 LANES_MAX_PIXELS = 196
 #: Threads per plane of the lane kernel where the default rule takes it.
 LANES_DEFAULT = 2
+#: Groups of planes a lane kernel's block takes for the weight gradients by default
+#: (``LaneSpec.groups``). Two would let 16-bit 14 x 14 planes keep two threads a plane
+#: within `PARTIAL_FRACTION`; not yet timed on a GPU.
+LANE_GROUPS_DEFAULT = 1
 #: Threads per plane of the lane kernel's forward where its default rule takes it.
 LANES_FORWARD_DEFAULT = 2
 #: Largest plane whose stride-1 forward (and a backward's ``dx`` forward) takes the
@@ -1016,7 +1027,8 @@ class LaneLaunch(NamedTuple):
     spec : LaneSpec
         The ``wtconv_lanes`` variant.
     grid : int
-        Blocks: ``C * nchunks``, one warp each (``nchunks = B / planes``).
+        Blocks: ``C * nchunks``, one warp each (``nchunks = B / (planes *
+        groups)``).
     shared_bytes : int
         Dynamic shared memory per block.
     partial_floats : int
@@ -1080,9 +1092,10 @@ def plan_lanes(problem: Problem, shared_limit: int, max_slots: int, tuning: Tuni
     x_bytes = p.batch * p.channels * p.height * p.width * ITEMSIZE[p.storage]
     for threads in (lanes,) if tuning.lanes is not None else range(lanes, 0, -1):
         spec = lane_spec_fitted(LaneSpec(p.kernel_size, p.storage, p.height, p.width,
-                                         p.levels, threads, tuning.max_registers or 0))
+                                         p.levels, threads, tuning.max_registers or 0,
+                                         groups=tuning.lane_groups or LANE_GROUPS_DEFAULT))
         shared = _lane_block_fits(p, spec, shared_limit)
-        nchunks = p.batch // lane_planes(spec)
+        nchunks = p.batch // lane_partial_planes(spec)
         grid = p.channels * nchunks
         if shared is not None and (tuning.lanes is not None
                                    or grid * ntaps * 4 <= PARTIAL_FRACTION * x_bytes):
@@ -1167,10 +1180,10 @@ def _lanes_for(problem: Problem, asked, default_max_pixels: int, default_lanes: 
 
 
 def _lane_block_fits(problem: Problem, spec, shared_limit: int):
-    """The block's shared bytes where ``B`` fills whole blocks of ``spec``'s planes and
-    the buffer fits ``shared_limit``, else None."""
+    """The block's shared bytes where ``B`` fills whole blocks of ``spec``'s planes (all
+    its groups) and the buffer fits ``shared_limit``, else None."""
     shared = lane_shared_bytes(spec)
-    if problem.batch % lane_planes(spec) or shared > shared_limit:
+    if problem.batch % lane_partial_planes(spec) or shared > shared_limit:
         return None
     return shared
 
