@@ -526,6 +526,27 @@ def test_lane_kernel_matches_oracle(shape, levels, k, lanes, storage):
     run_case(shape, levels, k, 1, storage, tuning=tuning)
 
 
+#: The lane kernel's weight gradients in groups of planes (LaneSpec.groups, forced):
+#: the 14 x 14 stage's plane with two threads and two groups (16-bit storage's
+#: candidate default), three groups, one thread a plane, odd planes, four levels.
+LANE_GROUP_CASES = [((64, 6, 14, 14), 3, 5, 2, 2, s) for s in ("float32", "bfloat16")]
+LANE_GROUP_CASES += [((48, 3, 9, 15), 3, 7, 2, 3, "float16"),
+                     ((64, 5, 13, 11), 4, 5, 1, 2, "float32"),
+                     ((64, 2, 7, 7), 2, 3, 2, 4, "bfloat16")]
+LANE_GROUP_CASES = [c for c in LANE_GROUP_CASES if c[2] in KERNEL_SIZES]
+
+
+@pytest.mark.parametrize("shape,levels,k,lanes,groups,storage", LANE_GROUP_CASES)
+def test_lane_kernel_groups_match_oracle(shape, levels, k, lanes, groups, storage):
+    """The weight gradients on the lane kernel, a block taking ``groups`` groups of
+    planes in turn (each later group adds to the block's partial)."""
+    tuning = Tuning(lanes=lanes, lane_groups=groups, dx_forward=True)
+    problem = Problem(*shape, k, levels, 1, storage, True)
+    launch = plan_lanes(problem, backend().shared_limit, backend().max_slots, tuning)
+    assert launch is not None and launch.spec.groups == groups
+    run_case(shape, levels, k, 1, storage, tuning=tuning)
+
+
 @pytest.mark.parametrize("shape", [(2, 3, 17, 23), (3, 5, 33, 31)])
 def test_without_bias(shape):
     run_case(shape, 3, 5, 1, "float32", bias=False)
