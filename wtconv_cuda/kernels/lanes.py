@@ -518,20 +518,20 @@ def _block_planes(e: _Emitter, spec, lay: LaneLayout, arrays):
     loop over ``grp``, a warp barrier first (the previous group's reads of the
     slots are done). With one group the text has no loop.
     """
-    N, R = planes_per_block(spec), getattr(spec, "groups", 1)
+    N, G = planes_per_block(spec), getattr(spec, "groups", 1)
     e("S = cuda.shared.array(0, dtype=float32)",
       "t = int64(cuda.threadIdx.x)",
       "fz = float32(0.0)",
-      f"nchunks = B // {N * R}",
+      f"nchunks = B // {N * G}",
       "blk = int64(cuda.blockIdx.x)",
       "c = blk // nchunks")
-    if R == 1:
+    if G == 1:
         e(f"b0 = (blk - c * nchunks) * {N}")
         _emit_stage(e, spec, lay, arrays)
         e("cuda.syncwarp()")
         yield
         return
-    e(f"chunk0 = (blk - c * nchunks) * {R}", f"for grp in range({R}):")
+    e(f"chunk0 = (blk - c * nchunks) * {G}", f"for grp in range({G}):")
     with e.indent():
         e(f"b0 = (chunk0 + grp) * {N}", "cuda.syncwarp()")
         _emit_stage(e, spec, lay, arrays)
