@@ -240,7 +240,7 @@ def check_forward(x, weights, levels, stride, *, same_dtype: bool,
     return _resolve_levels(levels, weights), _check_stride(stride)
 
 
-def check_dy(dy, x, stride: int, *, same_dtype: bool) -> None:
+def check_dy(dy, x, stride: int, *, same_dtype: bool, library: str | None = None) -> None:
     """Check an output gradient against the input it belongs to.
 
     Parameters
@@ -254,6 +254,9 @@ def check_dy(dy, x, stride: int, *, same_dtype: bool) -> None:
         The (already checked) forward stride.
     same_dtype : bool
         If true, ``dy`` must have ``x``'s dtype.
+    library : str or None, default None
+        ``x``'s library where the caller has looked it up already; None
+        looks it up.
 
     Raises
     ------
@@ -263,7 +266,8 @@ def check_dy(dy, x, stride: int, *, same_dtype: bool) -> None:
     ValueError
         ``dy`` has the wrong shape, or (CuPy) is on another GPU than ``x``.
     """
-    library = array_library(x)
+    if library is None:
+        library = array_library(x)
     if type(dy) is not type(x):
         _check_library("dy", dy, library)
     if library == "cupy":

@@ -79,16 +79,17 @@ class Tape:
     True
     """
 
-    __slots__ = ("saved", "_checked")
+    __slots__ = ("saved", "_checked", "_library")
 
     def __init__(self):
         self.saved = None
-        # The record :func:`forward` made and checked; a record assigned to
-        # ``saved`` by hand is checked again by :meth:`backward`.
-        self._checked = None
+        # The record :func:`forward` made and checked, and its x's library; a
+        # record assigned to ``saved`` by hand is checked again by :meth:`backward`.
+        self._checked = self._library = None
 
-    def _record(self, saved: Saved) -> None:
+    def _record(self, saved: Saved, library: str) -> None:
         self.saved = self._checked = saved
+        self._library = library
 
     def __repr__(self):
         state = "empty" if self.saved is None else "recorded"
@@ -121,7 +122,7 @@ class Tape:
         if saved is None:
             raise RuntimeError("Tape.backward called before a forward call recorded into this tape")
         if saved is self._checked:  # forward checked these arguments: only dy is new
-            return _backward(saved, dy, _library_of_input(saved.x))
+            return _backward(*saved, dy, self._library)
         return backward(saved, dy)
 
 
@@ -215,7 +216,7 @@ def forward(x, w, levels=None, stride=1, tape=None):
     else:
         y = reference.forward(x, w, levels, stride).astype(x.dtype, copy=False)
     if tape is not None:
-        tape._record(Saved(x, w, levels, stride))
+        tape._record(Saved(x, w, levels, stride), library)
     return y
 
 
@@ -273,15 +274,14 @@ def backward(saved, dy):
     library = _library_of_input(x)
     levels, stride = _validate.check_forward(x, weights, levels, stride,
                                              same_dtype=library == "cupy", library=library)
-    return _backward(Saved(x, weights, levels, stride), dy, library)
+    return _backward(x, weights, levels, stride, dy, library)
 
 
-def _backward(saved: Saved, dy, library: str):
-    """:func:`backward` of a record whose fields are checked and resolved (``levels`` and
-    ``stride`` ints): checks ``dy`` and runs."""
-    x, weights, levels, stride = saved
+def _backward(x, weights, levels: int, stride: int, dy, library: str):
+    """:func:`backward` of a record whose fields are checked and resolved, ``x`` of
+    ``library``: checks ``dy`` and runs."""
     on_gpu = library == "cupy"
-    _validate.check_dy(dy, x, stride, same_dtype=on_gpu)
+    _validate.check_dy(dy, x, stride, same_dtype=on_gpu, library=library)
     if on_gpu:
         from . import gpu
 

@@ -43,3 +43,13 @@ def backward_errors(x, wts, dy, levels, stride, dx, grads, bias) -> dict:
         assert np.isfinite(got).all(), f"{name}: unwritten (NaN) elements"
         errors[name] = np.linalg.norm(got - want) / np.linalg.norm(want)
     return errors
+
+
+def to_bits(values) -> np.ndarray:
+    """float32 values as bfloat16 bits, truncated (inputs need not be rounded)."""
+    return (np.asarray(values, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def from_bits(bits) -> np.ndarray:
+    """bfloat16 bits as float32 (exact)."""
+    return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)

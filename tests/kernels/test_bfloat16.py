@@ -18,22 +18,12 @@ from wtconv_cuda.kernels.launch import Tuning, Weights, run_backward, run_forwar
 from wtconv_cuda.kernels.registers import _store_rounded
 
 from ._backends import RecordingBackend
-from ._oracle import backward_errors, random_layer
+from ._oracle import backward_errors, from_bits, random_layer, to_bits
 
 pytestmark = pytest.mark.skipif(os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
                                 reason="needs numba's CUDA simulator")
 
 QUIET_NAN = 0x7FC0
-
-
-def to_bits(values) -> np.ndarray:
-    """float32 values as bfloat16 bits, truncated (inputs need not be rounded)."""
-    return (np.asarray(values, np.float32).view(np.uint32) >> 16).astype(np.uint16)
-
-
-def from_bits(bits) -> np.ndarray:
-    """bfloat16 bits as float32 (exact)."""
-    return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
 
 
 def nearest_even(value: np.float32) -> int:

@@ -25,7 +25,7 @@ from wtconv_cuda.kernels.compiler import distinct
 from wtconv_cuda.kernels.launch import Problem, Weights, planned_specs, run_backward, run_forward
 
 from ._backends import RecordingBackend
-from ._oracle import backward_errors, random_layer
+from ._oracle import backward_errors, from_bits, random_layer, to_bits
 
 simulator = pytest.mark.skipif(os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
                                reason="needs numba's CUDA simulator")
@@ -95,15 +95,6 @@ def planner():
     yield plan_like
     patches.undo()
     launch.clear_plan_caches()
-
-
-def to_bits(values) -> np.ndarray:
-    """float32 values as bfloat16 bits, truncated."""
-    return (np.asarray(values, np.float32).view(np.uint32) >> 16).astype(np.uint16)
-
-
-def from_bits(bits) -> np.ndarray:
-    return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
 
 
 def layer(rng, problem: Problem):
