@@ -63,9 +63,9 @@
 #   lanehotspots  the same for the lane kernels (forward and weight gradients, forced on)
 #              at 64x384x14x14, L3, K5, fp32 ($LANEHOT_SHAPE, $LANEHOT_THREADS: "1 2 2,4")
 #                                                                   (~2 min warm)
-#   tiledtypes the paper grid's forward kernels per dtype (fp32 / fp16 / bf16 times), and
-#              ncu of the L3 tile kernel at 8x64x256x256 in fp32 and fp16 ($TILEDTYPE_SHAPES)
-#                                                                   (~2 min warm)
+#   tiledtypes the paper grid's forward and training step per dtype (fp32 / fp16 / bf16), on
+#              $AB_BASE's tree (if set) and the working tree, then ncu of the L3 tile
+#              kernel at 8x64x256x256 in fp16 ($TILEDTYPE_SHAPES)     (~4 min cold)
 #   tileprofile  ncu occupancy, warp states, stall reasons and instruction counts of
 #              the tiled forward and backward at 8x128x512x512, L1 and L3 (~2 min)
 #
@@ -459,30 +459,39 @@ run_fwdhost() {
 run_tiledtypes() {
   # The paper grid's forward is one tile kernel (L 3) or a coarse pass and two (L 5): 16-bit
   # storage halves its bytes but took 0.450 against 0.340 ms (fp32) at 8x64x256x256, L3
-  # (results/h200-2026-12-05/bench_after_fix). Kernel times per dtype, then ncu of the L3
-  # tile kernel in float32 and float16 (the third of three forwards).
-  echo "== the paper grid's tile kernels per dtype (forward_host_cost.py, ncu)"
-  local dtype rc=0 shapes=${TILEDTYPE_SHAPES:-"8x64x256x256:3 8x32x512x512:5"}
-  # shellcheck disable=SC2086  # shapes is a list
-  timeout 200 python3 benchmarks/forward_host_cost.py --shapes $shapes \
-    --dtypes float32 float16 bfloat16 >"$OUT/tile_dtypes.txt" 2>&1 || rc=1
-  grep ' kernel ' "$OUT/tile_dtypes.txt"
-  for dtype in float32 float16; do
-    ncu --clock-control none --launch-skip 2 --launch-count 1 --kernel-name regex:wtconv_tile \
-      --section SpeedOfLight --section Occupancy --section WarpStateStats \
-      --section InstructionStats --section MemoryWorkloadAnalysis --section SourceCounters \
-      --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_op_write.sum \
-      -o "$OUT/tile_$dtype" python3 benchmarks/forward_host_cost.py --shapes 8x64x256x256:3 \
-      --dtypes "$dtype" --launches 3 >"$OUT/tile_$dtype.log" 2>&1 || rc=1
-    ncu -i "$OUT/tile_$dtype.ncu-rep" --page details >"$OUT/tile_$dtype.txt" 2>&1
-    ncu -i "$OUT/tile_$dtype.ncu-rep" --page raw --csv 2>/dev/null | gzip >"$OUT/tile_${dtype}_raw.csv.gz"
-    ncu -i "$OUT/tile_$dtype.ncu-rep" --page source --csv --print-source sass \
-      | gzip >"$OUT/tile_${dtype}_sass.csv.gz"
-    rm -f "$OUT/tile_$dtype.ncu-rep"
-    { echo "-- $dtype"; grep -E "Duration|DRAM Throughput|dram__bytes|lts__t_sectors_op_write|Executed Instructions  |Achieved Occupancy|Registers Per" "$OUT/tile_$dtype.txt"
-      python3 benchmarks/sass_hotspots.py "$OUT/tile_${dtype}_sass.csv.gz" --top 10; } 2>&1 \
-      | tee -a "$OUT/tile_dtypes_summary.txt"
+  # (results/h200-2026-12-05/bench_after_fix). Forward and training-step times per dtype
+  # (lanes_ab.py's "default" setting: the planner as it stands), on the tree in $AB_BASE
+  # first where it is set, then on the working tree, twice each; then ncu of the working
+  # tree's L3 tile kernel in float16 (the third of three forwards).
+  echo "== the paper grid's passes per dtype (lanes_ab.py --settings default; ncu)"
+  local side dir round rc=0 shapes=${TILEDTYPE_SHAPES:-"8x64x256x256:3 8x32x512x512:5"}
+  local rest=${PYTHONPATH#"$PWD"}
+  rest=${rest#:}
+  for round in 1 2; do
+    for side in ${AB_BASE:+base} new; do
+      dir=$PWD; [ "$side" = base ] && dir=$(cd "$AB_BASE" && pwd)
+      echo "-- $side, round $round"
+      # shellcheck disable=SC2086  # shapes is a list
+      (cd "$dir/benchmarks" && PYTHONPATH="$dir${rest:+:$rest}" timeout 240 python3 lanes_ab.py \
+        --settings default --shapes $shapes --dtypes fp32 fp16 bf16 --rounds 1 --repeats 20) \
+        >"$OUT/tile_dtypes_${side}_$round.log" 2>&1 || rc=1
+      grep " default: fwd " "$OUT/tile_dtypes_${side}_$round.log" | cut -c1-160
+    done
   done
+  ncu --clock-control none --launch-skip 2 --launch-count 1 --kernel-name regex:wtconv_tile \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats \
+    --section InstructionStats --section MemoryWorkloadAnalysis --section SourceCounters \
+    --metrics dram__bytes_read.sum,dram__bytes_write.sum \
+    -o "$OUT/tile_float16" python3 benchmarks/forward_host_cost.py --shapes 8x64x256x256:3 \
+    --dtypes float16 --launches 3 >"$OUT/tile_float16.log" 2>&1 || rc=1
+  ncu -i "$OUT/tile_float16.ncu-rep" --page details >"$OUT/tile_float16.txt" 2>&1
+  ncu -i "$OUT/tile_float16.ncu-rep" --page source --csv --print-source sass \
+    | gzip >"$OUT/tile_float16_sass.csv.gz"
+  rm -f "$OUT/tile_float16.ncu-rep"
+  { grep -E "Duration|DRAM Throughput|dram__bytes|Achieved Occupancy|Registers Per" \
+      "$OUT/tile_float16.txt"
+    python3 benchmarks/sass_hotspots.py "$OUT/tile_float16_sass.csv.gz" --top 8; } 2>&1 \
+    | tee "$OUT/tile_dtypes_summary.txt"
   return $rc
 }
 

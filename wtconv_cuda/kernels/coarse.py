@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .codegen import STORAGE, _Emitter, _load, _store
+from .codegen import STORAGE, _Emitter, _load, _store, _stored_zero
 
 #: Threads per block of ``wtconv_coarse_in``.
 COARSE_THREADS = 256
@@ -298,15 +298,16 @@ def coarse_out_source(spec: CoarseOutSpec) -> str:
 
 def _emit_block_ll(e: _Emitter, storage: str, array: str, level: int, r0: int, s0: int,
                    name: str) -> str:
-    """Emit the raw LL value of the ``2**level`` block at ``(r0, s0)``; returns its name.
+    """Emit the raw LL value of the ``2**level`` block at ``(r0, s0)``; returns a float32
+    expression of it (its name, or at level 0 the stored pixel's conversion).
 
     Depth first (four sub-blocks, then their LL), so few values are live at
     once; pixels outside the image read as zero.
     """
-    if level == 0:
-        e(f"{name} = {_load(storage, f'{array}[src + {r0} * W + {s0}]')} "
-          f"if row{r0} and col{s0} else fz")
-        return name
+    if level == 0:  # the stored element, converted where it is used
+        e(f"{name} = {array}[src + {r0} * W + {s0}] "
+          f"if row{r0} and col{s0} else {_stored_zero(storage)}")
+        return _load(storage, name)
     h = 2 ** (level - 1)
     parts = [_emit_block_ll(e, storage, array, level - 1, r0 + dr, s0 + ds, f"{name}{n}")
              for n, (dr, ds) in enumerate(((0, 0), (0, h), (h, 0), (h, h)))]

@@ -245,6 +245,19 @@ def _load(storage: str, expr: str) -> str:
     return f"libdevice.int_as_float(int32(int64({expr}) << 16))"
 
 
+def _stored_zero(storage: str) -> str:
+    """Expression of a zero of ``storage``'s array element type (bfloat16: raw bits).
+
+    A guarded load that keeps the stored element (``x[i] if ok else`` this)
+    and converts it only where it is used lets the compiler issue a batch of
+    such loads before the first of them completes. Converted inside the
+    guard (``float32(x[i]) if ok else fz``), each conversion sits in its
+    load's conditional block, and ptxas, which keeps the if-converted block's
+    order, stalls on every load in turn.
+    """
+    return {"float32": "fz", "float16": "np.float16(fz)", "bfloat16": "uint16(0)"}[storage]
+
+
 def _store(emit: _Emitter, storage: str, target: str, value: str) -> None:
     """Emit a store of the float32 ``value`` into ``target``, rounded once."""
     if storage == "float32":
@@ -735,15 +748,15 @@ def _emit_planes_load(e: _Emitter, spec: PlaneSpec, targets: list, base: str, ro
     with e.indent():
         for name, (array, *_) in zip(names, targets):
             for u in range(U):
-                e(f"{name}{u} = {_load(spec.storage, f'{array}[gbase + i0 + {u * T}]')} "
-                  f"if i0 + {u * T} < count else fz")
+                e(f"{name}{u} = {array}[gbase + i0 + {u * T}] "
+                  f"if i0 + {u * T} < count else {_stored_zero(spec.storage)}")
         for u in range(U):
             e(f"if i0 + {u * T} < count:")
             with e.indent():
                 for name, (_, grid, pitch, phase, halo) in zip(names, targets):
                     R = (spec.kernel_size - 1) // 2 if halo is None else halo
                     index = _phase_index(grid, pitch, phase, f"iy * {stride}", f"ix * {stride}", R)
-                    e(f"S[sb + {index}] = {name}{u}")
+                    e(f"S[sb + {index}] = {_load(spec.storage, f'{name}{u}')}")
             _DivmodLoop.advance(e, "ncols", "iy", "ix")
 
 
@@ -781,19 +794,20 @@ def _emit_planes_load_quads(e: _Emitter, spec: PlaneSpec, targets: list, base: s
             for name, (array, *_) in zip(names, targets):
                 for a, b, cond in pixels:
                     at = f"gq{u}" + (" + W" if a else "") + (" + 1" if b else "")
-                    e(f"{name}{u}_{a}{b} = {_load(spec.storage, f'{array}[{at}]')} "
-                      f"if {cond} else fz")
+                    e(f"{name}{u}_{a}{b} = {array}[{at}] "
+                      f"if {cond} else {_stored_zero(spec.storage)}")
             _DivmodLoop.advance(e, "Mq", "my", "mx")
         for u in range(U):
             e(f"if ok{u}:")
             with e.indent():
                 for name, (_, grid, pitch, phase, halo) in zip(names, targets):
                     R = (spec.kernel_size - 1) // 2 if halo is None else halo
+                    v = lambda ab: _load(spec.storage, f"{name}{u}_{ab}")  # noqa: E731
                     e(f"tq = sb + {grid} + (qy{u} + {R}) * {pitch} + qx{u} + {R}",
-                      f"S[tq] = {name}{u}_00",
-                      f"if cl{u}:", f"    S[tq + {phase}] = {name}{u}_01",
-                      f"if rw{u}:", f"    S[tq + 2 * {phase}] = {name}{u}_10",
-                      f"if rw{u} and cl{u}:", f"    S[tq + 3 * {phase}] = {name}{u}_11")
+                      f"S[tq] = {v('00')}",
+                      f"if cl{u}:", f"    S[tq + {phase}] = {v('01')}",
+                      f"if rw{u}:", f"    S[tq + 2 * {phase}] = {v('10')}",
+                      f"if rw{u} and cl{u}:", f"    S[tq + 3 * {phase}] = {v('11')}")
 
 
 def _emit_fold_weights(e: _Emitter, spec: PlaneSpec) -> None:

@@ -60,7 +60,7 @@ from __future__ import annotations
 from contextlib import contextmanager, nullcontext
 from typing import NamedTuple
 
-from .codegen import STORAGE, _Emitter, _load, _store
+from .codegen import STORAGE, _Emitter, _load, _store, _stored_zero
 from .registers import grids
 
 #: Threads per block: one warp.
@@ -565,14 +565,14 @@ def _emit_stage(e: _Emitter, spec, lay: LaneLayout, arrays=("x", "dy")) -> None:
         for n in planes:
             e(f"gn{n} = g0 + {n} * gstep")
         for n, m, arr in group:
-            value = _load(spec.storage, f"{arr}[gn{n} + {m * THREADS}]")
+            value = f"{arr}[gn{n} + {m * THREADS}]"  # converted at its store
             if m < last_full:
                 e(f"v_{arr}{n}_{m} = {value}")
             else:
-                e(f"v_{arr}{n}_{m} = {value} if px{m} < {HW} else fz")
+                e(f"v_{arr}{n}_{m} = {value} if px{m} < {HW} else {_stored_zero(spec.storage)}")
         for n, m, arr in group:
             off = n * lay.slot + (lay.dy if arr == "dy" else 0)
-            store = f"S[{off} + so{m}] = v_{arr}{n}_{m}"
+            store = f"S[{off} + so{m}] = {_load(spec.storage, f'v_{arr}{n}_{m}')}"
             if m < last_full:
                 e(store)
             else:

@@ -64,7 +64,7 @@ from typing import NamedTuple
 from .codegen import (
     STORAGE, _butterfly, _DivmodLoop, _Emitter, _emit_block_window, _emit_fold_weights,
     _emit_level_accumulators, _emit_level_item_sums, _emit_pair_window, _floor_div, _floor_mod,
-    _load, _single_item_cost, _store, _strip_item_cost,
+    _load, _single_item_cost, _store, _stored_zero, _strip_item_cost,
 )
 
 class TileSpec(NamedTuple):
@@ -844,8 +844,8 @@ def _emit_tile_load(e: _Emitter, spec: TileSpec, geo: TileGeometry, array: str,
                   f"gp{u}{r} = xbase + ry{u}{r} * W + gxl")
             for r in (0, 1):
                 for m in range(chunks):
-                    e(f"v{u}{r}_{m} = {_load(spec.storage, f'{array}[gp{u}{r} + {32 * m}]')} "
-                      f"if row{u}{r} and col{m} else fz")
+                    e(f"v{u}{r}_{m} = {array}[gp{u}{r} + {32 * m}] "
+                      f"if row{u}{r} and col{m} else {_stored_zero(spec.storage)}")
         for u in range(U):
             pad = ""
             if u and not full:  # a pair past the grid (in the last group) stores nothing
@@ -854,7 +854,8 @@ def _emit_tile_load(e: _Emitter, spec: TileSpec, geo: TileGeometry, array: str,
             e(f"{pad}sp = scol + pr{u} * {pitch}")
             for r in (0, 1):
                 for m in range(chunks):
-                    target = f"S[sp + {r * 2 * ph + 16 * m}] = v{u}{r}_{m}"
+                    target = (f"S[sp + {r * 2 * ph + 16 * m}] = "
+                              f"{_load(spec.storage, f'v{u}{r}_{m}')}")
                     if 32 * (m + 1) > N0:
                         e(f"{pad}if keep{m}:", f"{pad}    {target}")
                     else:
@@ -876,7 +877,7 @@ def _emit_plane_load(e: _Emitter, spec: TileSpec, geo: TileGeometry, array: str)
     kernel's executed instructions on an H200.
     """
     Hp, Wp, NT, H0 = spec.height, spec.width, spec.threads, geo.halos[0]
-    grid, ph, pitch = geo.grids[0], geo.phase(0), geo.pitch(0)
+    grid, ph = geo.grids[0], geo.phase(0)
     e("# grid 0: zeros, then the plane's pixels over them")
     _emit_round_stores(e, 4 * ph, NT, lambda r: f"S[{grid} + tid + {r * NT}] = fz")
     e("cuda.syncthreads()",
@@ -894,10 +895,12 @@ def _emit_plane_load(e: _Emitter, spec: TileSpec, geo: TileGeometry, array: str)
                 e(f"px += {dx}", f"py += {dy}", f"if px >= {Wp}:",
                   f"    px -= {Wp}", "    py += 1")
             e(f"sy{r} = py + {H0}", f"sx{r} = px + {H0}")
-            load = _load(spec.storage, f"{array}[xbase + tid + {r * NT}]")
-            e(f"v{r} = {load}" if rest is None else f"v{r} = {load} if tid < {rest} else fz")
+            load = f"{array}[xbase + tid + {r * NT}]"  # converted at its store
+            e(f"v{r} = {load}" if rest is None
+              else f"v{r} = {load} if tid < {rest} else {_stored_zero(spec.storage)}")
         for r, rest in batch:
-            store = f"S[{_grid_index(geo, geo.grids, 0, f'sy{r}', f'sx{r}')}] = v{r}"
+            store = (f"S[{_grid_index(geo, geo.grids, 0, f'sy{r}', f'sx{r}')}] = "
+                     f"{_load(spec.storage, f'v{r}')}")
             if rest is None:
                 e(store)
             else:
