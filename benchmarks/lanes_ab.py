@@ -16,9 +16,9 @@ which it takes first, run on the lane kernel's forward: the 7 x 7 stage's
 passes, and the 7 x 7 coarse problem of the 28 x 28 stage's split forward; at
 such shapes ``plane`` is the register kernel; ``reg32`` / ``reg64``: the register
 kernel's blocks of 32 or 64 threads instead of ``REGISTER_THREADS``; ``default``: the
-rules as they stand; ``groups2``: those with two groups of planes per lane block,
-``LANE_GROUPS_DEFAULT``, so that 16-bit 14 x 14 planes keep two threads a plane
-within the partials' bound) for ``--rounds`` rounds, plan and program caches
+rules as they stand; ``groups1`` / ``groups2``: those with at most one or two groups
+of planes per lane block, ``LANE_GROUPS_MAX``: with one, 16-bit 14 x 14 planes fall
+back to one thread a plane within the partials' bound, with two they keep two) for ``--rounds`` rounds, plan and program caches
 cleared at every switch, kernels compiled beforehand, and prints in us the
 median over ``--repeats`` calls with rotating inputs of ``fwd`` and ``step``
 (events around one forward, or one forward and backward, after the GPU went
@@ -48,18 +48,19 @@ from split_threshold import (
     DTYPES, add_common_options, layer_calls, make_inputs, parse_shape, time_round,
 )
 #: setting -> (LANES_MAX_PIXELS, LANES_DEFAULT, LANES_FORWARD_MAX_PIXELS,
-#: LANES_FORWARD_DEFAULT, REGISTER_MAX_PIXELS, REGISTER_THREADS, LANE_GROUPS_DEFAULT):
+#: LANES_FORWARD_DEFAULT, REGISTER_MAX_PIXELS, REGISTER_THREADS, LANE_GROUPS_MAX):
 #: the weight gradients on the lane kernel (lanes1, lanes2), the forwards too (all1,
 #: all2; all4: the forwards with four threads a plane), the default rules with the
 #: register kernel off (noreg*; larger planes keep their kernels, so no 28 x 28 lane
 #: variant is built), the register kernel's smaller blocks (reg32, reg64), and the
-#: default rules as they stand (default) and with two rounds of planes per lane block
-#: (groups2: 16-bit 14 x 14 planes then keep two threads a plane).
+#: default rules as they stand (default) and with at most one or two groups of planes
+#: per lane block (groups1: 16-bit 14 x 14 planes then take one thread a plane;
+#: groups2: they keep two).
 _ALL = launch.LANES_FORCE_MAX_PIXELS
 _REG, _REG_THREADS = launch.REGISTER_MAX_PIXELS, launch.REGISTER_THREADS
 _LANES, _LANES_FWD = launch.LANES_MAX_PIXELS, launch.LANES_FORWARD_MAX_PIXELS
 _DEFAULT = (_LANES, launch.LANES_DEFAULT, _LANES_FWD, launch.LANES_FORWARD_DEFAULT, _REG,
-            _REG_THREADS, launch.LANE_GROUPS_DEFAULT)
+            _REG_THREADS, launch.LANE_GROUPS_MAX)
 SETTINGS = {"plane": (0, 2, 0, 2, _REG, _REG_THREADS, 1),
             "lanes1": (_ALL, 1, 0, 2, _REG, _REG_THREADS, 1),
             "lanes2": (_ALL, 2, 0, 2, _REG, _REG_THREADS, 1),
@@ -70,10 +71,11 @@ SETTINGS = {"plane": (0, 2, 0, 2, _REG, _REG_THREADS, 1),
             "noreg2": (_LANES, 2, _LANES_FWD, 2, 0, _REG_THREADS, 1),
             "noreg4": (_LANES, 2, _LANES_FWD, 4, 0, _REG_THREADS, 1),
             "reg32": (0, 2, 0, 2, _REG, 32, 1), "reg64": (0, 2, 0, 2, _REG, 64, 1),
-            "default": _DEFAULT, "groups2": _DEFAULT[:-1] + (2,)}
+            "default": _DEFAULT, "groups1": _DEFAULT[:-1] + (1,),
+            "groups2": _DEFAULT[:-1] + (2,)}
 _RULES = ("LANES_MAX_PIXELS", "LANES_DEFAULT", "LANES_FORWARD_MAX_PIXELS",
           "LANES_FORWARD_DEFAULT", "REGISTER_MAX_PIXELS", "REGISTER_THREADS",
-          "LANE_GROUPS_DEFAULT")
+          "LANE_GROUPS_MAX")
 #: The H200 backend's limits (CupyBackend: opt-in shared memory less 1 KB, two slots
 #: per multiprocessor), for --compile-only.
 H200_LIMITS = (227 * 1024 - 1024, 2 * 132)

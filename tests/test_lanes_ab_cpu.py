@@ -75,13 +75,14 @@ def test_parse_shape():
     assert lanes_ab.parse_shape("64x384x14x14:3") == ((64, 384, 14, 14), 3)
 
 
-def test_groups2_keeps_two_threads_a_plane_in_16_bit_storage(planner_rules):
+def test_group_settings_in_16_bit_storage(planner_rules):
     stage = Problem(64, 384, 14, 14, 5, 3, 1, "bfloat16", True)
     lines = []
-    specs = lanes_ab.variants(stage, ["default", "groups2"], lanes_ab.H200_LIMITS,
+    specs = lanes_ab.variants(stage, ["groups1", "groups2"], lanes_ab.H200_LIMITS,
                               lines.append)
     assert sorted((s.lanes, s.groups) for s in specs if isinstance(s, LaneSpec)) == [
         (1, 1), (2, 2)]
-    lanes_ab.use("default")  # the rules as they stand: one thread a plane, one group
-    assert launch.LANE_GROUPS_DEFAULT == 1
-    assert launch.plan_lanes(stage, *lanes_ab.H200_LIMITS).spec.lanes == 1
+    lanes_ab.use("default")  # the rules as they stand: two threads a plane, two groups
+    assert launch.LANE_GROUPS_MAX == 2
+    spec = launch.plan_lanes(stage, *lanes_ab.H200_LIMITS).spec
+    assert (spec.lanes, spec.groups) == (2, 2)

@@ -287,22 +287,40 @@ def test_planner_rules():
     assert launch.LANES_MAX_PIXELS == 14 * 14
     assert plan_lanes(stage, LIMIT, SLOTS).spec == forced.spec
     # ... with partials within PARTIAL_FRACTION of x: two threads a plane's are 0.10 x
-    # in float32, 0.21 x in 16-bit storage, where one thread a plane's (0.10 x) take over
+    # in float32 (one group), 0.21 x in 16-bit storage with one group, 0.10 x with two
     x_bytes = 64 * 384 * 14 * 14 * 4
     assert forced.partial_floats * 4 <= launch.PARTIAL_FRACTION * x_bytes
+    assert forced.spec.groups == 1
     for storage in ("bfloat16", "float16"):
         half = stage._replace(storage=storage)
         two = plan_lanes(half, LIMIT, SLOTS, Tuning(lanes=2))  # forced: taken as asked
+        assert two.spec.groups == 1
         assert two.partial_floats * 4 > launch.PARTIAL_FRACTION * x_bytes / 2
-        one = plan_lanes(half, LIMIT, SLOTS)
-        assert one.spec.lanes == 1
-        assert one.partial_floats * 4 <= launch.PARTIAL_FRACTION * x_bytes / 2
-        # a batch one thread a plane cannot fill: the plane kernel
+        default = plan_lanes(half, LIMIT, SLOTS)
+        assert (default.spec.lanes, default.spec.groups) == (2, 2)
+        assert default.partial_floats * 4 <= launch.PARTIAL_FRACTION * x_bytes / 2
+        # a batch two groups of 16 planes cannot fill: one thread a plane's 32 planes
+        # cannot either, so the plane kernel
         assert plan_lanes(half._replace(batch=48), LIMIT, SLOTS) is None
         assert plan_lanes(half._replace(batch=48), LIMIT, SLOTS, Tuning(lanes=2)) is not None
     assert plan_lanes(stage._replace(height=15), LIMIT, SLOTS) is None
     assert plan_lanes(stage._replace(height=28, width=28), LIMIT, SLOTS) is None
     assert plan_lanes(stage, LIMIT, SLOTS, Tuning(lanes=0)) is None
+
+
+def test_planner_rules_with_one_group(monkeypatch):
+    """With at most one group of planes a block, 16-bit 14 x 14 planes fall back to one
+    thread a plane (partials 0.10 x the bytes of ``x``, as c3f0885 measured)."""
+    monkeypatch.setattr(launch, "LANE_GROUPS_MAX", 1)
+    launch.clear_plan_caches()
+    try:
+        for storage in ("bfloat16", "float16"):
+            half = Problem(64, 384, 14, 14, 5, 3, 1, storage, True)
+            one = plan_lanes(half, LIMIT, SLOTS)
+            assert (one.spec.lanes, one.spec.groups) == (1, 1)
+            assert one.partial_floats * 4 <= launch.PARTIAL_FRACTION * 64 * 384 * 14 * 14 * 2
+    finally:
+        launch.clear_plan_caches()
 
 
 @pytest.mark.parametrize("levels", [1, 4])
@@ -338,11 +356,14 @@ def test_groups_planner_rules():
     assert paired.spec == two.spec._replace(groups=2)
     assert paired.grid * 2 == two.grid and paired.partial_floats * 2 == two.partial_floats
     assert list(paired.finalize_dims) == [64, 384, 3, 1, 2]
-    # the default rule under two groups: two threads a plane, within PARTIAL_FRACTION
-    default = plan_lanes(stage, LIMIT, SLOTS, Tuning(lane_groups=2))
-    assert (default.spec, default.grid) == (paired.spec, paired.grid)
+    # the default rule, and the default rule under two groups forced: two threads a
+    # plane, within PARTIAL_FRACTION
+    for tuning in (Tuning(), Tuning(lane_groups=2)):
+        default = plan_lanes(stage, LIMIT, SLOTS, tuning)
+        assert (default.spec, default.grid) == (paired.spec, paired.grid)
     assert paired.partial_floats * 4 <= launch.PARTIAL_FRACTION * x_bytes
-    assert plan_lanes(stage, LIMIT, SLOTS).spec.groups == 1
+    # float32: one group keeps two threads a plane within it
+    assert plan_lanes(stage._replace(storage="float32"), LIMIT, SLOTS).spec.groups == 1
     # a batch that does not fill two groups of 16 planes
     assert plan_lanes(stage._replace(batch=48), LIMIT, SLOTS,
                       Tuning(lanes=2, lane_groups=2)) is None

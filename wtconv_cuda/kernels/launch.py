@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from itertools import product
 from typing import NamedTuple
 
 import numpy as np
@@ -190,8 +191,8 @@ class Tuning(NamedTuple):
     lane_groups : int or None
         The lane kernel's weight gradients with this many groups of planes a
         block (``LaneSpec.groups``: that many times fewer partials), where
-        ``B`` is a multiple of the block's planes times it. None:
-        `LANE_GROUPS_DEFAULT`.
+        ``B`` is a multiple of the block's planes times it. None: the
+        default rule's count (:func:`plan_lanes`).
     """
 
     threads: int | None = None
@@ -981,10 +982,11 @@ def plan_registers(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(
 LANES_MAX_PIXELS = 196
 #: Threads per plane of the lane kernel where the default rule takes it.
 LANES_DEFAULT = 2
-#: Groups of planes a lane kernel's block takes for the weight gradients by default
-#: (``LaneSpec.groups``). Two would let 16-bit 14 x 14 planes keep two threads a plane
-#: within `PARTIAL_FRACTION`; not yet timed on a GPU.
-LANE_GROUPS_DEFAULT = 1
+#: Most groups of planes a lane kernel's block takes for the weight gradients by
+#: default (``LaneSpec.groups``): the default rule takes the fewest groups, up to
+#: this many, that keep a plane's threads within `PARTIAL_FRACTION`. Two let 16-bit
+#: 14 x 14 planes keep two threads a plane (partials 0.10x the bytes of ``x``).
+LANE_GROUPS_MAX = 2
 #: Threads per plane of the lane kernel's forward where its default rule takes it.
 LANES_FORWARD_DEFAULT = 2
 #: Largest plane whose stride-1 forward (and a backward's ``dx`` forward) takes the
@@ -1063,13 +1065,14 @@ def plan_lanes(problem: Problem, shared_limit: int, max_slots: int, tuning: Tuni
 
     The default rule also keeps the partials (one per block, ``ntaps``
     float32 sums) within `PARTIAL_FRACTION` of the bytes of ``x``, the plane
-    kernel's bound: where two threads a plane would exceed it, one thread a
-    plane (32 planes a block, half the partials) takes the problem if it
-    fits, else nobody. At 64 x 384 x 14 x 14, L 3 in 16-bit storage two
-    threads' partials are 0.21 x the bytes of ``x`` (a training step's peak
-    1.13x depthwise 7x7's on the H200) and one thread's 0.10 x; one thread
-    measured 160 against 138 us for the backward there (bf16, with the tiles'
-    ``dx`` forward).
+    kernel's bound: for each count of threads a plane, most first, it takes
+    the fewest groups of planes a block (up to `LANE_GROUPS_MAX`; ``n``
+    groups, ``n`` times fewer partials) that keep them there, else one thread
+    fewer; else nobody. At 64 x 384 x 14 x 14, L 3 in 16-bit storage two
+    threads' partials are 0.21 x the bytes of ``x`` with one group (a
+    training step's peak 1.13x depthwise 7x7's on the H200), 0.10 x with two.
+    One thread a plane (also 0.10 x) measured 160 against 138 us for the
+    backward there (bf16, with the tiles' ``dx`` forward).
 
     Parameters
     ----------
@@ -1090,15 +1093,17 @@ def plan_lanes(problem: Problem, shared_limit: int, max_slots: int, tuning: Tuni
         return None
     ntaps = p.kernel_size ** 2 * (1 + 4 * p.levels) + 1
     x_bytes = p.batch * p.channels * p.height * p.width * ITEMSIZE[p.storage]
-    for threads in (lanes,) if tuning.lanes is not None else range(lanes, 0, -1):
+    forced = tuning.lanes is not None
+    counts = ((tuning.lane_groups,) if tuning.lane_groups
+              else (1,) if forced else range(1, LANE_GROUPS_MAX + 1))
+    for threads, groups in product((lanes,) if forced else range(lanes, 0, -1), counts):
         spec = lane_spec_fitted(LaneSpec(p.kernel_size, p.storage, p.height, p.width,
                                          p.levels, threads, tuning.max_registers or 0,
-                                         groups=tuning.lane_groups or LANE_GROUPS_DEFAULT))
+                                         groups=groups))
         shared = _lane_block_fits(p, spec, shared_limit)
         nchunks = p.batch // lane_partial_planes(spec)
         grid = p.channels * nchunks
-        if shared is not None and (tuning.lanes is not None
-                                   or grid * ntaps * 4 <= PARTIAL_FRACTION * x_bytes):
+        if shared is not None and (forced or grid * ntaps * 4 <= PARTIAL_FRACTION * x_bytes):
             break
     else:
         return None
