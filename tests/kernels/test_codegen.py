@@ -323,3 +323,41 @@ def test_floor_div_and_mod_stand_in_any_expression(divisor):
             assert eval(f"b - {_floor_div('a - b', divisor)} * 3", scope) == (
                 b - (a - b) // divisor * 3)
             assert eval(f"-{_floor_div('a', divisor)} ** 1", scope) == -(a // divisor)
+
+
+def _guarded_loads(source: str) -> list[str]:
+    """The lines binding a name to a conditional expression that indexes a kernel
+    argument (a lower-case array; ``S`` is the shared buffer)."""
+    return [line.strip() for line in source.splitlines()
+            if re.match(r"\s*\w+ = .*\b[a-z]\w*\[.* if .* else ", line)]
+
+
+@pytest.mark.parametrize("storage", ["float16", "bfloat16"])
+def test_guarded_16_bit_loads_leave_the_conversion_to_their_use(storage):
+    """A 16-bit element is loaded as stored under its guard and converted where it is
+    used: a conversion inside the guard sat in the load's if-converted block, and ptxas
+    then waited for every load in turn (the paper grid's 16-bit forward took 454
+    against 338 us with it on an H100). Covers the tiles' row-pair and plane loads,
+    the plane kernel's loads (quads and single pixels), the coarse pre-pass and the
+    lane kernel's staging."""
+    from wtconv_cuda.kernels.coarse import CoarseSpec, coarse_in_source
+    from wtconv_cuda.kernels.lanes import LaneSpec, lane_kernel_source
+
+    tile = TileSpec(5, storage, 3, 64, 128, 4)
+    sources = {
+        "tile row pairs": tile_kernel_source(tile),
+        "tile row pairs, backward": tile_kernel_source(tile._replace(backward=True,
+                                                                     threads=256)),
+        "tile plane": tile_kernel_source(TileSpec(5, storage, 2, 56, 128, 7, height=56,
+                                                  width=56)),
+        "plane": plane_kernel_source(PlaneSpec(5, storage, 1, 1, False, False, 128, 4)),
+        "plane, strided": plane_kernel_source(PlaneSpec(5, storage, 2, 1, False, False,
+                                                        128, 4)),
+        "coarse": coarse_in_source(CoarseSpec(storage, 2, height=32, width=32)),
+        "lanes": lane_kernel_source(LaneSpec(5, storage, 13, 11, 2, 2)),
+    }
+    for name, source in sources.items():
+        loads = _guarded_loads(source)
+        assert loads, name
+        converted = [line for line in loads if "float32(" in line or "int_as_float" in line]
+        assert not converted, (name, converted[:3])

@@ -985,7 +985,9 @@ LANES_DEFAULT = 2
 #: Most groups of planes a lane kernel's block takes for the weight gradients by
 #: default (``LaneSpec.groups``): the default rule takes the fewest groups, up to
 #: this many, that keep a plane's threads within `PARTIAL_FRACTION`. Two let 16-bit
-#: 14 x 14 planes keep two threads a plane (partials 0.10x the bytes of ``x``).
+#: 14 x 14 planes keep two threads a plane (partials 0.10x the bytes of ``x``): the
+#: bf16 backward at 64x384x14x14, L3, K5 took 97-108 us against 117 with one thread
+#: and one group on an H100 (benchmarks/results/h100-2026-12-05).
 LANE_GROUPS_MAX = 2
 #: Threads per plane of the lane kernel's forward where its default rule takes it.
 LANES_FORWARD_DEFAULT = 2
@@ -1072,7 +1074,8 @@ def plan_lanes(problem: Problem, shared_limit: int, max_slots: int, tuning: Tuni
     threads' partials are 0.21 x the bytes of ``x`` with one group (a
     training step's peak 1.13x depthwise 7x7's on the H200), 0.10 x with two.
     One thread a plane (also 0.10 x) measured 160 against 138 us for the
-    backward there (bf16, with the tiles' ``dx`` forward).
+    backward there (bf16, with the tiles' ``dx`` forward, H200); two threads
+    in two groups 97-108 against one thread's 117 us (H100).
 
     Parameters
     ----------
