@@ -492,6 +492,9 @@ run_tiledtypes() {
       "$OUT/tile_float16.txt"
     python3 benchmarks/sass_hotspots.py "$OUT/tile_float16_sass.csv.gz" --top 8; } 2>&1 \
     | tee "$OUT/tile_dtypes_summary.txt"
+  # one archive: the device tool returns a limited number of files
+  (cd "$OUT" && tar czf tile_dtypes.tgz tile_dtypes_*.log tile_float16* tile_dtypes_summary.txt \
+    && rm -f tile_dtypes_*.log tile_float16*)
   return $rc
 }
 
