@@ -11,11 +11,13 @@ an index computation made cheaper, before device time is spent on timing it.
     python benchmarks/sass_static.py --stage 14 --backward
     python benchmarks/sass_static.py --stage 56 --tree /tmp/base     # base -> this tree
     python benchmarks/sass_static.py --spec 'TileSpec(5, "float32", 1, 16, 32, 2)'
+    python benchmarks/sass_static.py --stage 56 --storage bfloat16 --loads
 
 ``--stage`` takes the planner's variants of a ConvNeXt-T stage (B = 64, K 5,
 the stage's levels); ``--tree`` a checkout whose variants (of the same
 problem) are counted in a subprocess and printed beside this tree's;
-``--dump DIR`` writes each variant's SASS text.
+``--dump DIR`` writes each variant's SASS text; ``--loads`` prints how many global
+loads each variant issues before the first use of each (:func:`loads_in_flight`).
 """
 
 from __future__ import annotations
@@ -90,6 +92,37 @@ def opcode_counts(sass: str) -> collections.Counter:
     return counts
 
 
+_INSTRUCTION = re.compile(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*(.*?)\s*;")
+
+
+def loads_in_flight(sass: str, window: int = 400) -> list[int]:
+    """For each global load (``LDG``) in program order, how many further global loads
+    are issued before the first instruction that reads its destination register
+    (within ``window`` instructions; a load whose register is not read there is left
+    out).
+
+    A load's value is waited for at its first use, so a loop that issues ``n``
+    loads before using any shares one memory latency among them; a count of 0
+    means its first use follows before the next load. Static: a loop body counts
+    once, and predicated instructions count as if taken.
+    """
+    ins = [(m.group(1), m.group(2)) for m in map(_INSTRUCTION.search, sass.splitlines())
+           if m]
+    found = []
+    for i, (op, operands) in enumerate(ins):
+        if not op.startswith("LDG"):
+            continue
+        dest = re.compile(rf"\b{operands.split(',')[0].strip()}\b")
+        later = 0
+        for op2, operands2 in ins[i + 1:i + 1 + window]:
+            sources = operands2.split(",")[0 if op2.startswith("ST") else 1:]
+            if any(dest.search(part) for part in sources):
+                found.append(later)
+                break
+            later += op2.startswith("LDG")
+    return found
+
+
 def stage_specs(edge: int, storage: str, backward: bool) -> list:
     """The kernel variants the planner launches for a ConvNeXt-T stage."""
     from wtconv_cuda.kernels.launch import Problem, planned_specs
@@ -99,8 +132,10 @@ def stage_specs(edge: int, storage: str, backward: bool) -> list:
     return planned_specs(problem, backward, 232448, 1 << 30)
 
 
-def count_specs(specs: list, cc: tuple[int, int], dump: str | None) -> dict:
-    """``{repr(spec): {opcode: count}}``, compiling what the PTX cache lacks."""
+def count_specs(specs: list, cc: tuple[int, int], dump: str | None,
+                loads: dict | None = None) -> dict:
+    """``{repr(spec): {opcode: count}}``, compiling what the PTX cache lacks; with a
+    ``loads`` dict, also ``loads[repr(spec)] =`` :func:`loads_in_flight` of it."""
     from wtconv_cuda.kernels.compiler import cached_ptx, distinct
     from wtconv_cuda.kernels.warmup import compile_all
 
@@ -113,6 +148,8 @@ def count_specs(specs: list, cc: tuple[int, int], dump: str | None) -> dict:
             Path(dump).mkdir(parents=True, exist_ok=True)
             Path(dump, f"{number:02d}_{type(spec).__name__}.sass").write_text(sass)
         result[repr(spec)] = dict(opcode_counts(sass))
+        if loads is not None:
+            loads[repr(spec)] = loads_in_flight(sass)
     return result
 
 
@@ -133,6 +170,9 @@ def main(argv=None) -> int:
     parser.add_argument("--cc", default="9.0")
     parser.add_argument("--dump", default=None, help="folder for the SASS texts")
     parser.add_argument("--json", default=None, help="write the counts here")
+    parser.add_argument("--loads", action="store_true",
+                        help="also print each variant's global loads in flight at their "
+                             "first use (see loads_in_flight)")
     args = parser.parse_args(argv)
     cc = tuple(int(v) for v in args.cc.split("."))
 
@@ -143,7 +183,8 @@ def main(argv=None) -> int:
         specs += stage_specs(args.stage, args.storage, args.backward)
     if not specs:
         parser.error("give --stage or --spec")
-    counts = count_specs(specs, cc, args.dump)
+    in_flight = {} if args.loads else None
+    counts = count_specs(specs, cc, args.dump, in_flight)
     base = None
     if args.tree:
         forwarded = list(argv if argv is not None else sys.argv[1:])
@@ -173,6 +214,10 @@ def main(argv=None) -> int:
         before = sum(sum(base[n].values()) for n in shared)
         after = sum(sum(counts[n].values()) for n in shared)
         print(f"variants in both trees: {len(shared)}; static instructions {before} -> {after}")
+    for name, found in (in_flight or {}).items():
+        mean = sum(found) / len(found) if found else 0.0
+        print(f"loads {len(found):4d}, further loads before first use: mean {mean:5.1f}, "
+              f"max {max(found, default=0):3d}, none {found.count(0):3d}  {name}")
     if args.json:
         Path(args.json).write_text(json.dumps(counts, indent=1))
     return 0

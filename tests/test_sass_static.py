@@ -41,6 +41,27 @@ def test_row_sums_the_other_opcodes():
     assert int(fields[-2]) == 4  # LDC, S2R, BRA, EXIT
 
 
+LOADS = """
+        /*0000*/              @P0 LDG.E.U16 R4, desc[UR4][R2.64] ;
+        /*0010*/              @P1 LDG.E.U16 R5, desc[UR4][R2.64+0x40] ;
+        /*0020*/                   HADD2.F32 R6, -RZ, R4.H0_H0 ;
+        /*0030*/                   LDG.E R7, desc[UR4][R8.64] ;
+        /*0040*/                   STS [R0], R6 ;
+        /*0050*/                   STS [R0+0x4], R5 ;
+        /*0060*/                   FADD R9, R7, R7 ;
+        /*0070*/                   LDG.E R10, desc[UR4][R8.64+0x4] ;
+        /*0080*/                   EXIT ;
+"""
+
+
+def test_loads_in_flight_counts_the_loads_issued_before_each_first_use():
+    # R4: R5 issues before HADD2 reads it; R5: R7 before its STS; R7: none; R10: never read
+    assert sass_static.loads_in_flight(LOADS) == [1, 1, 0]
+    # a store reads its address register as well as its value
+    assert sass_static.loads_in_flight(LOADS.replace("STS [R0+0x4], R5", "STS [R7], R1")) \
+        == [1, 0]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("cuda.bindings") is None,
                     reason="needs nvJitLink (numba-cuda[cu13])")
 def test_the_script_counts_a_flip_kernel(tmp_path):
