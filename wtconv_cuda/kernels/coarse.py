@@ -304,7 +304,9 @@ def _emit_block_ll(e: _Emitter, storage: str, array: str, level: int, r0: int, s
     Depth first (four sub-blocks, then their LL), so few values are live at
     once; pixels outside the image read as zero.
     """
-    if level == 0:  # the stored element, converted where it is used
+    if level == 0:  # the stored element, converted where it is used (here the
+        # compiler still predicates the conversion with the load: benchmarks/NOTES.md,
+        # thirty-fourth session)
         e(f"{name} = {array}[src + {r0} * W + {s0}] "
           f"if row{r0} and col{s0} else {_stored_zero(storage)}")
         return _load(storage, name)
