@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .codegen import STORAGE, _Emitter, _load, _store, _stored_zero
+from .codegen import STORAGE, _Emitter, _guarded_load, _load, _store
 
 #: Threads per block of ``wtconv_coarse_in``.
 COARSE_THREADS = 256
@@ -307,8 +307,8 @@ def _emit_block_ll(e: _Emitter, storage: str, array: str, level: int, r0: int, s
     if level == 0:  # the stored element, converted where it is used (here the
         # compiler still predicates the conversion with the load: benchmarks/NOTES.md,
         # thirty-fourth session)
-        e(f"{name} = {array}[src + {r0} * W + {s0}] "
-          f"if row{r0} and col{s0} else {_stored_zero(storage)}")
+        e(f"{name} = " + _guarded_load(storage, f"{array}[src + {r0} * W + {s0}]",
+                                       f"row{r0} and col{s0}"))
         return _load(storage, name)
     h = 2 ** (level - 1)
     parts = [_emit_block_ll(e, storage, array, level - 1, r0 + dr, s0 + ds, f"{name}{n}")

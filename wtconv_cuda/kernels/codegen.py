@@ -245,17 +245,20 @@ def _load(storage: str, expr: str) -> str:
     return f"libdevice.int_as_float(int32(int64({expr}) << 16))"
 
 
-def _stored_zero(storage: str) -> str:
-    """Expression of a zero of ``storage``'s array element type (bfloat16: raw bits).
+#: A zero of each storage's array element type (bfloat16: raw bits).
+_STORED_ZERO = {"float32": "fz", "float16": "np.float16(fz)", "bfloat16": "uint16(0)"}
 
-    A guarded load that keeps the stored element (``x[i] if ok else`` this)
-    and converts it only where it is used lets the compiler issue a batch of
-    such loads before the first of them completes. Converted inside the
-    guard (``float32(x[i]) if ok else fz``), each conversion sits in its
-    load's conditional block, and ptxas, which keeps the if-converted block's
-    order, stalls on every load in turn.
+
+def _guarded_load(storage: str, element: str, guard: str) -> str:
+    """Expression of the stored ``element`` where ``guard`` holds, else a stored zero;
+    :func:`_load` converts it where it is used.
+
+    Kept as stored, a batch of such loads issues before the first of them
+    completes. Converted inside the guard (``float32(x[i]) if ok else fz``),
+    each conversion sits in its load's conditional block, and ptxas, which
+    keeps the if-converted block's order, stalls on every load in turn.
     """
-    return {"float32": "fz", "float16": "np.float16(fz)", "bfloat16": "uint16(0)"}[storage]
+    return f"{element} if {guard} else {_STORED_ZERO[storage]}"
 
 
 def _store(emit: _Emitter, storage: str, target: str, value: str) -> None:
@@ -748,8 +751,8 @@ def _emit_planes_load(e: _Emitter, spec: PlaneSpec, targets: list, base: str, ro
     with e.indent():
         for name, (array, *_) in zip(names, targets):
             for u in range(U):
-                e(f"{name}{u} = {array}[gbase + i0 + {u * T}] "
-                  f"if i0 + {u * T} < count else {_stored_zero(spec.storage)}")
+                e(f"{name}{u} = " + _guarded_load(spec.storage, f"{array}[gbase + i0 + {u * T}]",
+                                                  f"i0 + {u * T} < count"))
         for u in range(U):
             e(f"if i0 + {u * T} < count:")
             with e.indent():
@@ -794,8 +797,8 @@ def _emit_planes_load_quads(e: _Emitter, spec: PlaneSpec, targets: list, base: s
             for name, (array, *_) in zip(names, targets):
                 for a, b, cond in pixels:
                     at = f"gq{u}" + (" + W" if a else "") + (" + 1" if b else "")
-                    e(f"{name}{u}_{a}{b} = {array}[{at}] "
-                      f"if {cond} else {_stored_zero(spec.storage)}")
+                    e(f"{name}{u}_{a}{b} = "
+                      + _guarded_load(spec.storage, f"{array}[{at}]", cond))
             _DivmodLoop.advance(e, "Mq", "my", "mx")
         for u in range(U):
             e(f"if ok{u}:")

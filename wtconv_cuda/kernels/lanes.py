@@ -60,7 +60,7 @@ from __future__ import annotations
 from contextlib import contextmanager, nullcontext
 from typing import NamedTuple
 
-from .codegen import STORAGE, _Emitter, _load, _store, _stored_zero
+from .codegen import STORAGE, _Emitter, _guarded_load, _load, _store
 from .registers import grids
 
 #: Threads per block: one warp.
@@ -569,7 +569,7 @@ def _emit_stage(e: _Emitter, spec, lay: LaneLayout, arrays=("x", "dy")) -> None:
             if m < last_full:
                 e(f"v_{arr}{n}_{m} = {value}")
             else:
-                e(f"v_{arr}{n}_{m} = {value} if px{m} < {HW} else {_stored_zero(spec.storage)}")
+                e(f"v_{arr}{n}_{m} = " + _guarded_load(spec.storage, value, f"px{m} < {HW}"))
         for n, m, arr in group:
             off = n * lay.slot + (lay.dy if arr == "dy" else 0)
             store = f"S[{off} + so{m}] = {_load(spec.storage, f'v_{arr}{n}_{m}')}"

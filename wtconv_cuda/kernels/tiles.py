@@ -64,7 +64,7 @@ from typing import NamedTuple
 from .codegen import (
     STORAGE, _butterfly, _DivmodLoop, _Emitter, _emit_block_window, _emit_fold_weights,
     _emit_level_accumulators, _emit_level_item_sums, _emit_pair_window, _floor_div, _floor_mod,
-    _load, _single_item_cost, _store, _stored_zero, _strip_item_cost,
+    _guarded_load, _load, _single_item_cost, _store, _strip_item_cost,
 )
 
 class TileSpec(NamedTuple):
@@ -844,8 +844,9 @@ def _emit_tile_load(e: _Emitter, spec: TileSpec, geo: TileGeometry, array: str,
                   f"gp{u}{r} = xbase + ry{u}{r} * W + gxl")
             for r in (0, 1):
                 for m in range(chunks):
-                    e(f"v{u}{r}_{m} = {array}[gp{u}{r} + {32 * m}] "
-                      f"if row{u}{r} and col{m} else {_stored_zero(spec.storage)}")
+                    e(f"v{u}{r}_{m} = " + _guarded_load(spec.storage,
+                                                        f"{array}[gp{u}{r} + {32 * m}]",
+                                                        f"row{u}{r} and col{m}"))
         for u in range(U):
             pad = ""
             if u and not full:  # a pair past the grid (in the last group) stores nothing
@@ -897,7 +898,7 @@ def _emit_plane_load(e: _Emitter, spec: TileSpec, geo: TileGeometry, array: str)
             e(f"sy{r} = py + {H0}", f"sx{r} = px + {H0}")
             load = f"{array}[xbase + tid + {r * NT}]"  # converted at its store
             e(f"v{r} = {load}" if rest is None
-              else f"v{r} = {load} if tid < {rest} else {_stored_zero(spec.storage)}")
+              else f"v{r} = " + _guarded_load(spec.storage, load, f"tid < {rest}"))
         for r, rest in batch:
             store = (f"S[{_grid_index(geo, geo.grids, 0, f'sy{r}', f'sx{r}')}] = "
                      f"{_load(spec.storage, f'v{r}')}")
