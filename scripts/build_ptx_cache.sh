@@ -4,6 +4,8 @@
 #   bash scripts/build_ptx_cache.sh K [K ...]
 #   bash scripts/build_ptx_cache.sh lanes    (the device_check.sh lanes phase's A/B;
 #                                             LANES_SHAPES and LANES_SETTINGS as there)
+#   bash scripts/build_ptx_cache.sh bench    (python -m wtconv_cuda.bench's variants;
+#                                             BENCH_ARGS as in device_check.sh)
 #
 # A fresh device machine starts with an empty kernel cache, and compiling the
 # oracle sweep's variants of one kernel size there takes most of a 10-minute
@@ -54,6 +56,11 @@ for k in "$@"; do
     env -u NUMBA_ENABLE_CUDASIM WTCONV_CUDA_CACHE="$PWD/$work" PYTHONPATH="$PWD" \
       "$venv/bin/python" benchmarks/lanes_ab.py --compile-only --jobs "$jobs" --dtypes fp32 bf16 \
       --shapes ${LANES_SHAPES:-64x384x14x14:3 32x384x14x14:3} "${settings[@]}" | tail -n 2
+  elif [ "$k" = bench ]; then  # the user benchmark's variants (its grid and dtypes)
+    # shellcheck disable=SC2086  # BENCH_ARGS is a list of options
+    env -u NUMBA_ENABLE_CUDASIM WTCONV_CUDA_CACHE="$PWD/$work" PYTHONPATH="$PWD" \
+      "$venv/bin/python" -m wtconv_cuda.bench --compile-only --jobs "$jobs" ${BENCH_ARGS:-} \
+      | tail -n 2
   else
     # shellcheck disable=SC2086  # planes is a list
     env -u NUMBA_ENABLE_CUDASIM WTCONV_CUDA_CACHE="$PWD/$work" PYTHONPATH="$PWD" \

@@ -523,3 +523,25 @@ def test_event_timers_record_reserved_events():
         assert len(created) == 14  # all made before the first timed call
         assert set(events_during_calls[2:]) == {14}
     assert len(stream_lookups) == 1  # when the torch timer was made, not per mark
+
+
+def test_compile_only_compiles_the_runs_variants_and_exits(monkeypatch, capsys):
+    """``--compile-only`` hands the selected grid and dtypes to the precompile, needs no torch."""
+    calls = []
+
+    def fake_precompile(configs, dtypes, jobs, timeout):
+        calls.append((configs, dtypes, jobs, timeout))
+        return "compiled 7 variants"
+
+    monkeypatch.setattr(bench, "precompile", fake_precompile)
+    monkeypatch.setattr(bench, "_import_torch", lambda: pytest.fail("torch was imported"))
+    assert bench.main(["--compile-only", "--shapes", "convnext", "--dtypes", "bf16",
+                       "--jobs", "3"]) == 0
+    (configs, dtypes, jobs, timeout), = calls
+    assert [(c.height, c.levels) for c in configs] == [(56, 5), (28, 4), (14, 3), (7, 2)]
+    assert list(dtypes) == ["bfloat16"] and jobs == 3 and timeout is None
+    assert "compiled 7 variants" in capsys.readouterr().out
+
+    monkeypatch.setattr(bench, "precompile", lambda *a, **k: "kernel precompilation failed "
+                                                               "(exit 1): boom")
+    assert bench.main(["--compile-only", "--shapes", "convnext"]) == 1

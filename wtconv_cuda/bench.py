@@ -45,7 +45,10 @@ Output: tables on the terminal, a JSON file (default
 folder, ``--json PATH`` the file, and it is rewritten after every
 configuration so that a cut-short run keeps what it measured) and a PNG plot
 of the speedups next to it. ``--from-json PATH`` prints the tables and draws
-the plot again from a saved file, on any machine.
+the plot again from a saved file, on any machine. ``--compile-only`` compiles
+the kernel variants the run would use into the PTX cache and exits; it needs
+no GPU (``scripts/build_ptx_cache.sh bench`` runs it for a device call to
+carry).
 
 On a machine without CUDA (or without PyTorch) it says so ("CPU-only
 machine: running the tiny CPU demo instead") and runs a tiny CPU comparison
@@ -159,6 +162,10 @@ def _parser() -> argparse.ArgumentParser:
                              "after the start (default 240; 0: no limit)")
     parser.add_argument("--no-precompile", action="store_true",
                         help="do not compile the kernel variants in parallel first")
+    parser.add_argument("--compile-only", action="store_true",
+                        help="compile the kernel variants the run would use into the PTX "
+                             "cache, then exit (no GPU needed: the target is the GPU's, "
+                             "else sm_90)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="compile processes (default: all cores)")
     parser.add_argument("--host-calls", type=int, default=None,
@@ -212,8 +219,9 @@ def precompile(configs, dtypes, jobs: int, timeout: float) -> str:
     dtypes : sequence of str
     jobs : int
         Compile processes.
-    timeout : float
-        Seconds before giving up (the kernels then compile on first use).
+    timeout : float or None
+        Seconds before giving up (the kernels then compile on first use);
+        ``None`` waits as long as it takes.
 
     Returns
     -------
@@ -235,6 +243,14 @@ def precompile(configs, dtypes, jobs: int, timeout: float) -> str:
     from .kernels.warmup import run_compile_subprocess
 
     return run_compile_subprocess(cmd, timeout, env)
+
+
+def _compile_only(args) -> int:
+    """Fill the PTX cache with the run's kernel variants (no timeout); 0 on success."""
+    configs = select_configs(args.shapes, args.quick)
+    line = precompile(configs, parse_dtypes(args.dtypes), args.jobs, timeout=None)
+    print(line)
+    return 1 if line.startswith("kernel precompilation") else 0
 
 
 def _cpu_main(args, torch) -> int:
@@ -427,6 +443,8 @@ def main(argv=None) -> int:
         _parser().error("--repeats must be >= 1")
     if args.from_json:
         return _replay(args)
+    if args.compile_only:
+        return _compile_only(args)
     torch = _import_torch()
     if torch is None or not torch.cuda.is_available():
         return _cpu_main(args, torch)
