@@ -25,6 +25,7 @@ cupy = pytest.importorskip("cupy")
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
 from wtconv_cuda import reference  # noqa: E402
+from wtconv_cuda.kernels import launch as planner  # noqa: E402
 from wtconv_cuda.kernels.launch import (  # noqa: E402
     DX_INNER, CupyBackend, DxForward, Problem, Tuning, Weights, dx_forward_plan, plan_lanes,
     plan_lanes_forward, plan_plane, plan_registers, plan_split, plan_tiles, run_backward,
@@ -398,13 +399,14 @@ def test_dx_in_the_plane_kernel_or_the_forward(shape, levels, k, stride, tuning,
 
 
 @pytest.mark.parametrize("storage", ["bfloat16", "float16"])
-def test_planner_dx_forward_chunks_at_convnext_stage(storage):
+def test_planner_dx_forward_chunks_at_convnext_stage(storage, monkeypatch):
     """The planner's own choice at the 28 x 28 and 14 x 14 stages in 16-bit storage:
     dx from the forward kernels in one batch chunk. At 28 x 28 its split forward pools
-    in place (its float32 work buffer stays within the memory budget); at 14 x 14 no
-    split fits, even on half the batch, and the tiles with the coarse levels in their
-    blocks take the whole batch; at 56 x 56 the forward runs the coarse levels in the
-    tiles' blocks anyway (no work buffers)."""
+    in place (its float32 work buffer stays within the memory budget); at 14 x 14 the
+    lane forward (no work buffers) takes the whole batch, and without its rule no split
+    fits, even on half the batch, so the tiles with the coarse levels in their blocks
+    would; at 56 x 56 the forward runs the coarse levels in the tiles' blocks anyway
+    (no work buffers)."""
     if 5 not in KERNEL_SIZES:
         pytest.skip("K = 5 runs in another GPU process")
     kernels = backend()
@@ -412,8 +414,14 @@ def test_planner_dx_forward_chunks_at_convnext_stage(storage):
     problem = Problem(64, 96, 56, 56, 5, 5, 1, storage, True)
     assert dx_forward_plan(problem, *limits) == DxForward((64,), Tuning())
     problem = Problem(64, 384, 14, 14, 5, 3, 1, storage, True)
-    assert dx_forward_plan(problem, *limits) == DxForward((64,), DX_INNER)
+    assert plan_lanes_forward(problem, limits[0]) is not None
+    assert dx_forward_plan(problem, *limits) == DxForward((64,), Tuning())
     run_case((64, 384, 14, 14), 3, 5, 1, storage)
+    with monkeypatch.context() as rule_off:
+        rule_off.setattr(planner, "LANES_FORWARD_MAX_PIXELS", 0)
+        planner.clear_plan_caches()
+        assert dx_forward_plan(problem, *limits) == DxForward((64,), DX_INNER)
+    planner.clear_plan_caches()
     problem = Problem(64, 192, 28, 28, 5, 4, 1, storage, True)
     assert dx_forward_plan(problem, *limits) == DxForward((64,), Tuning())
     run_case((64, 192, 28, 28), 4, 5, 1, storage)
