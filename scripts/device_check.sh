@@ -59,7 +59,7 @@
 #              threads): their GPU tests, then benchmarks/lanes_ab.py against the
 #              default kernels at the 14 x 14 stage ($LANES_SHAPES; $LANES_SETTINGS
 #              picks lanes_ab.py's settings; $LANES_TESTS, a pytest -k expression, narrows
-#              the tests, e.g. "lane_kernel_groups")                 (~6 min warm)
+#              the tests, e.g. "lane_kernel_groups"; "-" skips them)   (~6 min warm)
 #   lanehotspots  the same for the lane kernels (forward and weight gradients, forced on)
 #              at 64x384x14x14, L3, K5, fp32 ($LANEHOT_SHAPE, $LANEHOT_THREADS: "1 2 2,4")
 #                                                                   (~2 min warm)
@@ -398,10 +398,12 @@ run_lanes() {
   # lanes): a 14 x 14 variant takes minutes to compile.
   echo "== lane kernel: GPU tests, then lanes_ab.py"
   local rc=0
-  WTCONV_TEST_GPU=1 WTCONV_TEST_KS=${TEST_KS} timeout 240 python3 -m pytest -q -x -n 8 \
-    -p no:cacheprovider -p no:benchmark -k "${LANES_TESTS:-lane_kernel}" \
-    tests/gpu/test_gpu_kernels.py >"$OUT/lanes_tests.log" 2>&1 || rc=1
-  tail -n 5 "$OUT/lanes_tests.log"
+  if [ "${LANES_TESTS:-}" != "-" ]; then  # "-": the A/B only
+    WTCONV_TEST_GPU=1 WTCONV_TEST_KS=${TEST_KS} timeout 240 python3 -m pytest -q -x -n 8 \
+      -p no:cacheprovider -p no:benchmark -k "${LANES_TESTS:-lane_kernel}" \
+      tests/gpu/test_gpu_kernels.py >"$OUT/lanes_tests.log" 2>&1 || rc=1
+    tail -n 5 "$OUT/lanes_tests.log"
+  fi
   # shellcheck disable=SC2086  # LANES_SHAPES is a list of shapes
   (cd benchmarks && timeout 320 python3 lanes_ab.py --dtypes fp32 bf16 \
     --shapes ${LANES_SHAPES:-64x384x14x14:3 32x384x14x14:3} ${LANES_SETTINGS:+--settings $LANES_SETTINGS} \
