@@ -525,23 +525,26 @@ def test_event_timers_record_reserved_events():
     assert len(stream_lookups) == 1  # when the torch timer was made, not per mark
 
 
-def test_compile_only_compiles_the_runs_variants_and_exits(monkeypatch, capsys):
-    """``--compile-only`` hands the selected grid and dtypes to the precompile, needs no torch."""
-    calls = []
+def test_compile_only_runs_the_warmup_for_the_runs_variants(monkeypatch):
+    """``--compile-only`` runs the warmup command of the selected grid and dtypes
+    (float32 too, for the host-overhead row) without a time limit, imports no torch,
+    and exits with the warmup's status."""
+    runs = []
 
-    def fake_precompile(configs, dtypes, jobs, timeout):
-        calls.append((configs, dtypes, jobs, timeout))
-        return "compiled 7 variants"
+    def fake_run(cmd, env):
+        runs.append(cmd)
+        return subprocess.CompletedProcess(cmd, 3 if "--jobs" in cmd[-2:] and cmd[-1] == "1"
+                                           else 0)
 
-    monkeypatch.setattr(bench, "precompile", fake_precompile)
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
     monkeypatch.setattr(bench, "_import_torch", lambda: pytest.fail("torch was imported"))
     assert bench.main(["--compile-only", "--shapes", "convnext", "--dtypes", "bf16",
                        "--jobs", "3"]) == 0
-    (configs, dtypes, jobs, timeout), = calls
-    assert [(c.height, c.levels) for c in configs] == [(56, 5), (28, 4), (14, 3), (7, 2)]
-    assert list(dtypes) == ["bfloat16"] and jobs == 3 and timeout is None
-    assert "compiled 7 variants" in capsys.readouterr().out
-
-    monkeypatch.setattr(bench, "precompile", lambda *a, **k: "kernel precompilation failed "
-                                                               "(exit 1): boom")
-    assert bench.main(["--compile-only", "--shapes", "convnext"]) == 1
+    cmd, = runs
+    assert cmd[1:3] == ["-m", "wtconv_cuda.kernels.warmup"]
+    at = cmd.index("--configs")
+    assert cmd[at + 1:cmd.index("--jobs")] == ["14x14:3", "16x16:3", "28x28:4", "56x56:5",
+                                               "7x7:2"]
+    assert cmd[cmd.index("--storage") + 1:at] == ["bfloat16", "float32"]
+    assert cmd[-2:] == ["--jobs", "3"]
+    assert bench.main(["--compile-only", "--shapes", "convnext", "--jobs", "1"]) == 3

@@ -206,12 +206,8 @@ def _version(name):
         return None
 
 
-def precompile(configs, dtypes, jobs: int, timeout: float) -> str:
-    """Compile every kernel variant the run needs, in parallel, into the PTX cache.
-
-    Runs ``python -m wtconv_cuda.kernels.warmup`` in a subprocess (so the
-    compile processes never share this process's CUDA state). Without it each
-    variant compiles on first use, one after the other.
+def precompile_command(configs, dtypes, jobs: int) -> tuple[list, dict]:
+    """The warmup command that compiles every kernel variant a run needs.
 
     Parameters
     ----------
@@ -219,14 +215,14 @@ def precompile(configs, dtypes, jobs: int, timeout: float) -> str:
     dtypes : sequence of str
     jobs : int
         Compile processes.
-    timeout : float or None
-        Seconds before giving up (the kernels then compile on first use);
-        ``None`` waits as long as it takes.
 
     Returns
     -------
-    str
-        One line saying what happened.
+    cmd : list of str
+        ``python -m wtconv_cuda.kernels.warmup`` with the run's kernel sizes,
+        storages (float32 always: the host-overhead row), plane sizes and levels.
+    env : dict
+        This process's environment with this package first on ``PYTHONPATH``.
     """
     from ._bench.measure import HOST_CONFIG
 
@@ -240,17 +236,42 @@ def precompile(configs, dtypes, jobs: int, timeout: float) -> str:
     package_root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = package_root + (os.pathsep + env["PYTHONPATH"]
                                         if env.get("PYTHONPATH") else "")
+    return cmd, env
+
+
+def precompile(configs, dtypes, jobs: int, timeout: float) -> str:
+    """Compile every kernel variant the run needs, in parallel, into the PTX cache.
+
+    Runs :func:`precompile_command` in a subprocess (so the compile processes
+    never share this process's CUDA state). Without it each variant compiles
+    on first use, one after the other.
+
+    Parameters
+    ----------
+    configs : sequence of Config
+    dtypes : sequence of str
+    jobs : int
+        Compile processes.
+    timeout : float
+        Seconds before giving up (the kernels then compile on first use).
+
+    Returns
+    -------
+    str
+        One line saying what happened.
+    """
     from .kernels.warmup import run_compile_subprocess
 
+    cmd, env = precompile_command(configs, dtypes, jobs)
     return run_compile_subprocess(cmd, timeout, env)
 
 
 def _compile_only(args) -> int:
-    """Fill the PTX cache with the run's kernel variants (no timeout); 0 on success."""
-    configs = select_configs(args.shapes, args.quick)
-    line = precompile(configs, parse_dtypes(args.dtypes), args.jobs, timeout=None)
-    print(line)
-    return 1 if line.startswith("kernel precompilation") else 0
+    """Compile the run's kernel variants into the PTX cache, its output shown as it
+    comes, with no time limit; the compile's exit status."""
+    cmd, env = precompile_command(select_configs(args.shapes, args.quick),
+                                  parse_dtypes(args.dtypes), args.jobs)
+    return subprocess.run(cmd, env=env).returncode
 
 
 def _cpu_main(args, torch) -> int:

@@ -420,8 +420,10 @@ def test_planner_dx_forward_chunks_at_convnext_stage(storage, monkeypatch):
     with monkeypatch.context() as rule_off:
         rule_off.setattr(planner, "LANES_FORWARD_MAX_PIXELS", 0)
         planner.clear_plan_caches()
-        assert dx_forward_plan(problem, *limits) == DxForward((64,), DX_INNER)
-    planner.clear_plan_caches()
+        try:
+            assert dx_forward_plan(problem, *limits) == DxForward((64,), DX_INNER)
+        finally:  # no plan made without the rule outlives it
+            planner.clear_plan_caches()
     problem = Problem(64, 192, 28, 28, 5, 4, 1, storage, True)
     assert dx_forward_plan(problem, *limits) == DxForward((64,), Tuning())
     run_case((64, 192, 28, 28), 4, 5, 1, storage)

@@ -178,8 +178,8 @@ def run_compile_subprocess(cmd, timeout: float, env=None) -> str:
     ----------
     cmd : list of str
         The command line.
-    timeout : float or None
-        Seconds before giving up (``None``: no limit).
+    timeout : float
+        Seconds before giving up.
     env : dict, optional
         Environment of the subprocess (default: inherited).
 
