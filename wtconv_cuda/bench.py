@@ -248,10 +248,8 @@ def precompile(configs, dtypes, jobs: int, timeout: float) -> str:
 
     Parameters
     ----------
-    configs : sequence of Config
-    dtypes : sequence of str
-    jobs : int
-        Compile processes.
+    configs, dtypes, jobs
+        As for :func:`precompile_command`.
     timeout : float
         Seconds before giving up (the kernels then compile on first use).
 
