@@ -19,7 +19,7 @@ from wtconv_cuda.kernels.launch import (
     SPLIT_FINE_LEVELS, Problem, Tuning, Weights, plan_registers, plan_split, plan_tiles,
     planned_specs, run_backward, run_forward, work_buffers,
 )
-from wtconv_cuda.kernels.tiles import TileSpec, tile_geometry, tile_kernel_source
+from wtconv_cuda.kernels.tiles import TileSpec, spec_geometry, tile_geometry, tile_kernel_source
 
 from ..conftest import random_weights
 from ._backends import RecordingBackend
@@ -279,7 +279,7 @@ def test_inner_levels_match_oracle_and_the_split(rng, monkeypatch, shape, levels
     fine = plan_split(problem, backend.shared_limit, tuning).tiles
     assert fine.ntiles == 1
     spec = fine.spec._replace(coarse=False, inner_levels=levels - split)
-    floats = tile_geometry(k, split, tile, False, threads, levels - split).floats
+    floats = spec_geometry(spec).floats
     y = np.full(shape, np.nan, dtype)
     backend.call(backend.kernel(spec), fine.grid, fine.block,
                  (x, y, *weights, h, w, c, int(bias), 1, 1), 4 * floats)
@@ -310,8 +310,7 @@ def test_planner_runs_inner_levels_where_one_tile_covers_the_plane(shape, levels
         assert plan_split(problem, LIMIT) is None
         assert planned_specs(problem, False, LIMIT, 264) == [plan.spec]
         assert work_buffers(problem, False, LIMIT, 264) == ()
-        assert plan.shared_bytes == 4 * tile_geometry(
-            5, plan.spec.levels, plan.spec.tile, False, plan.block, inner).floats
+        assert plan.shared_bytes == 4 * spec_geometry(plan.spec).floats
         # off: the split where its own size rule takes the problem (at 14 x 14 from 2^22
         # pixels; the plane kernel below), else; forced splits and the backward split
         assert plan_tiles(problem, LIMIT, Tuning(inner=False)) is None

@@ -13,7 +13,7 @@ from wtconv_cuda.kernels.codegen import (
 from wtconv_cuda.kernels.launch import Problem, Tuning, plan_plane
 from wtconv_cuda.kernels.layout import LEVEL_BASE
 from wtconv_cuda.kernels.tiles import (
-    TileSpec, analysis_plan, item_row, output_strip, phase_stride, tile_geometry,
+    TileSpec, analysis_plan, item_row, output_strip, phase_stride, spec_geometry, tile_geometry,
     tile_kernel_source,
 )
 
@@ -254,6 +254,26 @@ def test_tile_fitted_to_a_convnext_plane():
     assert [geo.phase(i) for i in range(2)] == [1296, 336]
     assert geo.z == (geo.grids[1] + 4 * 336, geo.grids[1] + 4 * 336 + 4 * 28 ** 2)
     assert geo.floats == geo.z[1] + 4 * 14 ** 2
+
+
+def test_tile_over_its_whole_plane_keeps_2p_on_every_grid():
+    """The 28 x 28 stage's tile (32, split at 2): the LL bands are formed over the tile
+    alone, so grid 0 keeps 2P = 4 values around it, not 8. 14.4 KB a block instead of
+    17.4: 14 one-warp blocks per multiprocessor of 228 KB (1 KB each reserved), not 12."""
+    plain = tile_geometry(5, 2, 32)
+    whole = tile_geometry(5, 2, 32, whole_plane=True)
+    assert plain.halos == (8, 4) and whole.halos == (4, 4)
+    assert whole.edges == (40, 24) and whole.phase(0) == 400
+    assert plain.floats - whole.floats == 4 * (592 - 400)
+    assert [(228 * 1024) // (4 * g.floats + 1024) for g in (plain, whole)] == [12, 14]
+    # at most one level, or K = 1, the halos are the same either way
+    for args in ((5, 1, 16), (3, 0, 8), (1, 3, 8)):
+        assert tile_geometry(*args, whole_plane=True) == tile_geometry(*args)
+    with pytest.raises(ValueError, match="forward"):
+        tile_geometry(5, 2, 32, backward=True, whole_plane=True)
+    spec = TileSpec(5, "float32", 2, 32, 32, 4, height=28, width=28)
+    assert spec_geometry(spec) == whole
+    assert spec_geometry(spec._replace(height=0, width=0)) == plain
 
 
 @pytest.mark.parametrize("n,row", [(1, 1), (16, 16), (32, 32), (64, 64), (3, 4), (7, 8),

@@ -15,7 +15,7 @@ import pytest
 
 from wtconv_cuda import reference
 from wtconv_cuda.kernels.launch import Problem, Tuning, plan_split, plan_tiles, run_forward
-from wtconv_cuda.kernels.tiles import TileSpec, tile_kernel_source
+from wtconv_cuda.kernels.tiles import TileSpec, spec_geometry, tile_kernel_source
 
 from ._backends import RecordingBackend
 from ._oracle import random_layer
@@ -69,13 +69,15 @@ def test_plane_load_needs_a_forward_tile_over_the_plane(spec):
 
 #: (shape, levels, k, tile, threads, storage): a partial last round of pixels (13 x 11
 #: = 4 * 32 + 15), two warps and a grid wider than a warp, a plane of one row, float16,
-#: no levels (the base convolution alone, an odd halo rounded up).
+#: no levels (the base convolution alone, an odd halo rounded up), three levels (two LL
+#: grids whose halos the whole plane's tile keeps at 2P).
 CASES = [
     ((2, 2, 13, 11), 1, 3, 16, 32, "float32"),
     ((1, 2, 5, 6), 0, 7, 8, 32, "float32"),
     ((1, 2, 27, 30), 2, 5, 32, 64, "float32"),
     ((1, 1, 1, 7), 1, 3, 8, 32, "float32"),
     ((1, 3, 9, 12), 2, 3, 12, 32, "float16"),
+    ((1, 2, 13, 16), 3, 3, 16, 32, "float32"),
 ]
 
 
@@ -99,7 +101,7 @@ def test_plane_load_gives_the_same_bits(rng, nan_shared, shape, levels, k, tile,
     rows = plan.spec._replace(height=0, width=0)
     y_rows = np.full(shape, np.nan, dtype)
     backend.call(backend.kernel(rows), plan.grid, plan.block,
-                 (x, y_rows, *weights, h, w, c, 1, 1, 1), plan.shared_bytes)
+                 (x, y_rows, *weights, h, w, c, 1, 1, 1), 4 * spec_geometry(rows).floats)
     want = reference.forward(x, wts, levels, 1)
     assert np.isfinite(y).all()
     assert np.linalg.norm(y - want) / np.linalg.norm(want) < tol

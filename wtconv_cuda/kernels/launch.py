@@ -30,7 +30,7 @@ from .lanes import planes_per_partial as lane_partial_planes
 from .lanes import shared_bytes as lane_shared_bytes
 from .registers import MAX_PIXELS as REGISTER_MAX_PIXELS, RegisterSpec
 from .registers import shared_bytes as register_shared_bytes
-from .tiles import TileSpec, output_strip, tile_geometry
+from .tiles import TileSpec, output_strip, spec_geometry, tile_geometry
 from .driver import driver_launch
 from .layout import HEADER_FIELDS, plane_layout, with_problem
 
@@ -771,7 +771,7 @@ def inner_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning()):
     if c < 1 or fine.ntiles != 1:
         return None
     spec = fine.spec._replace(inner_levels=p.levels - c)
-    geo = tile_geometry(p.kernel_size, c, spec.tile, False, spec.threads, spec.inner_levels)
+    geo = spec_geometry(spec)
     if 4 * geo.floats > shared_limit:
         return None
     return fine._replace(spec=spec, shared_bytes=4 * geo.floats)
@@ -850,6 +850,8 @@ def whole_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
     sizes = (p.height, p.width) if ntiles == 1 and not backward else (0, 0)
     spec = TileSpec(p.kernel_size, p.storage, p.levels, edge, threads, strip, max_registers,
                     backward=backward, height=sizes[0], width=sizes[1])
+    if sizes[0]:  # the rules above read the general halos; a whole plane needs less
+        shared_bytes = 4 * spec_geometry(spec).floats
     grid = p.batch * p.channels * ntiles
     if not backward:
         return TileLaunch(spec, grid, threads, shared_bytes, tiles_x, ntiles)
