@@ -258,17 +258,27 @@ def test_tile_fitted_to_a_convnext_plane():
 
 def test_tile_over_its_whole_plane_keeps_2p_on_every_grid():
     """The 28 x 28 stage's tile (32, split at 2): the LL bands are formed over the tile
-    alone, so grid 0 keeps 2P = 4 values around it, not 8. 14.4 KB a block instead of
-    17.4: 14 one-warp blocks per multiprocessor of 228 KB (1 KB each reserved), not 12."""
+    alone, so grid 0 keeps 2P = 4 values around it, not 8, and z_1 lies over grid 1
+    (level 1 runs last). 12.1 KB a block instead of 17.4: 17 one-warp blocks per
+    multiprocessor of 228 KB (1 KB each reserved), not 12."""
     plain = tile_geometry(5, 2, 32)
     whole = tile_geometry(5, 2, 32, whole_plane=True)
     assert plain.halos == (8, 4) and whole.halos == (4, 4)
     assert whole.edges == (40, 24) and whole.phase(0) == 400
-    assert plain.floats - whole.floats == 4 * (592 - 400)
-    assert [(228 * 1024) // (4 * g.floats + 1024) for g in (plain, whole)] == [12, 14]
-    # at most one level, or K = 1, the halos are the same either way
-    for args in ((5, 1, 16), (3, 0, 8), (1, 3, 8)):
+    assert whole.grids == (226, 226 + 4 * 400)
+    assert whole.z == (whole.grids[1], whole.grids[1] + 4 * 16 ** 2)
+    assert whole.floats == whole.z[1] + 4 * 8 ** 2
+    assert [(228 * 1024) // (4 * g.floats + 1024) for g in (plain, whole)] == [12, 17]
+    # three levels: z_1 over grids 1 and 2 and past them, z_2 and z_3 after it
+    deep = tile_geometry(5, 3, 64, whole_plane=True)
+    assert deep.z[0] == deep.grids[1] and deep.z[1] == deep.z[0] + 4 * 32 ** 2
+    # the inner levels reuse grid L - 1 themselves: z_1 keeps its own place
+    inner = tile_geometry(5, 2, 56, whole_plane=True, inner_levels=3)
+    assert inner.halos == (4, 4) and inner.z[0] == inner.grids[1] + 4 * inner.phase(1)
+    # at most one level: the same geometry either way; K = 1: the same (zero) halos
+    for args in ((5, 1, 16), (3, 0, 8)):
         assert tile_geometry(*args, whole_plane=True) == tile_geometry(*args)
+    assert tile_geometry(1, 3, 8, whole_plane=True).halos == (0, 0, 0)
     with pytest.raises(ValueError, match="forward"):
         tile_geometry(5, 2, 32, backward=True, whole_plane=True)
     spec = TileSpec(5, "float32", 2, 32, 32, 4, height=28, width=28)

@@ -70,7 +70,8 @@ def test_plane_load_needs_a_forward_tile_over_the_plane(spec):
 #: (shape, levels, k, tile, threads, storage): a partial last round of pixels (13 x 11
 #: = 4 * 32 + 15), two warps and a grid wider than a warp, a plane of one row, float16,
 #: no levels (the base convolution alone, an odd halo rounded up), three levels (two LL
-#: grids whose halos the whole plane's tile keeps at 2P).
+#: grids whose halos the whole plane's tile keeps at 2P), K = 1 (no halos; z_1 still
+#: over the LL grid).
 CASES = [
     ((2, 2, 13, 11), 1, 3, 16, 32, "float32"),
     ((1, 2, 5, 6), 0, 7, 8, 32, "float32"),
@@ -78,6 +79,7 @@ CASES = [
     ((1, 1, 1, 7), 1, 3, 8, 32, "float32"),
     ((1, 3, 9, 12), 2, 3, 12, 32, "float16"),
     ((1, 2, 13, 16), 3, 3, 16, 32, "float32"),
+    ((1, 2, 6, 8), 2, 1, 8, 32, "float32"),
 ]
 
 

@@ -541,9 +541,19 @@ def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = Fal
         grids.append(offset)
         offset += 4 * phase_stride(n)
     z = []
-    for j in range(1, L + 1):
-        z.append(offset)
-        offset += 4 * (TS >> j) ** 2
+    if whole_plane and L >= 2 and not inner_levels:
+        # the levels run top down (see _levels_top_down): level 1 runs last, when the LL
+        # grids 1..L-1 are dead, so z_1 starts where grid 1 did
+        end = offset
+        z.append(grids[1])
+        offset = max(end, grids[1] + 4 * (TS >> 1) ** 2)
+        for j in range(2, L + 1):
+            z.append(offset)
+            offset += 4 * (TS >> j) ** 2
+    else:
+        for j in range(1, L + 1):
+            z.append(offset)
+            offset += 4 * (TS >> j) ** 2
     if inner_levels:
         if backward or L < 1:
             raise ValueError("inner levels need a forward tile with at least one level")
@@ -788,20 +798,34 @@ def tile_kernel_source(spec: TileSpec) -> str:
         if spec.coarse:
             _emit_coarse_stores(e, spec, geo)
         e("cuda.syncthreads()")
-        for j in range(1, L + 1):
-            if j < L:
-                _emit_ll_band(e, spec, geo, geo.grids, j)
+
+        def convolve(j: int) -> None:
             Qj = analysis_plan(K, TS >> j, NT, spec.analysis_strip)
-            if geo.inner and j == L:
-                _emit_inner_tap_loads(e, spec, geo)
-                _emit_inner_blocks(e, spec, geo, 1)
             # the top level's LL subband adds the coarse output parked in its place
             add_coarse = spec.coarse and j == L
             if Qj:
                 _emit_tile_strips(e, spec, geo, j, Qj, add_coarse)
             else:
                 _emit_tile_singles(e, spec, geo, j, add_coarse)
+
+        if _levels_top_down(geo):  # the LL bands, then the levels from L down to 1
+            for j in range(1, L):
+                _emit_ll_band(e, spec, geo, geo.grids, j)
+                e("cuda.syncthreads()")
+            for j in range(L, 1, -1):  # (each reads grid j - 1, writes its own z_j)
+                convolve(j)
+            e("cuda.syncthreads()")  # z_1 goes over grid 1
+            convolve(1)
             e("cuda.syncthreads()")
+        else:  # level j with LL band j, which level j + 1 reads after the barrier
+            for j in range(1, L + 1):
+                if j < L:
+                    _emit_ll_band(e, spec, geo, geo.grids, j)
+                if geo.inner and j == L:
+                    _emit_inner_tap_loads(e, spec, geo)
+                    _emit_inner_blocks(e, spec, geo, 1)
+                convolve(j)
+                e("cuda.syncthreads()")
         if geo.inner:
             _emit_inner_levels(e, spec, geo)
         for j in range(L, 1, -1):
@@ -936,6 +960,12 @@ def _emit_plane_load(e: _Emitter, spec: TileSpec, geo: TileGeometry, array: str)
                 e(store)
             else:
                 e(f"if tid < {rest}:", f"    {store}")
+
+
+def _levels_top_down(geo: TileGeometry) -> bool:
+    """Whether ``z_1`` lies over the LL grids (see :func:`tile_geometry`): the kernel then
+    forms every LL band first and convolves the levels from the top down, level 1 last."""
+    return len(geo.grids) > 1 and geo.z[0] < geo.grids[-1] + 4 * geo.phase(len(geo.grids) - 1)
 
 
 def _halos_halve(geo: TileGeometry) -> bool:
