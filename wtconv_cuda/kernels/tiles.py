@@ -487,9 +487,11 @@ def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = Fal
     A forward tile that covers its whole plane (``whole_plane``: every value
     outside the tile is zero) keeps only the ``2P`` its own level's taps reach
     past it on every grid: the bands are formed over the tile alone and the
-    halos hold zeros (:func:`_emit_ll_band`). At ``L >= 2`` that is less shared
-    memory (28 x 28 planes, ``L`` 2, ``K`` 5: 14.4 KB a block instead of 17.4,
-    14 one-warp blocks per multiprocessor instead of 12) and the same values.
+    halos hold zeros (:func:`_emit_ll_band`). Without inner levels such a tile
+    of ``L >= 2`` also convolves its levels top down, so ``z_1`` starts where
+    grid 1 does (:func:`_levels_top_down`). The values are the same, in less
+    shared memory: at 28 x 28 (``L`` 2, ``K`` 5, tile 32) 12.1 KB a block
+    instead of 17.4, 17 one-warp blocks per multiprocessor instead of 12.
 
     Parameters
     ----------
