@@ -805,12 +805,13 @@ def _emit_planes_load_quads(e: _Emitter, spec: PlaneSpec, targets: list, base: s
             with e.indent():
                 for name, (_, grid, pitch, phase, halo) in zip(names, targets):
                     R = (spec.kernel_size - 1) // 2 if halo is None else halo
-                    v = lambda ab: _load(spec.storage, f"{name}{u}_{ab}")  # noqa: E731
+                    v = {ab: _load(spec.storage, f"{name}{u}_{ab}")
+                         for ab in ("00", "01", "10", "11")}
                     e(f"tq = sb + {grid} + (qy{u} + {R}) * {pitch} + qx{u} + {R}",
-                      f"S[tq] = {v('00')}",
-                      f"if cl{u}:", f"    S[tq + {phase}] = {v('01')}",
-                      f"if rw{u}:", f"    S[tq + 2 * {phase}] = {v('10')}",
-                      f"if rw{u} and cl{u}:", f"    S[tq + 3 * {phase}] = {v('11')}")
+                      f"S[tq] = {v['00']}",
+                      f"if cl{u}:", f"    S[tq + {phase}] = {v['01']}",
+                      f"if rw{u}:", f"    S[tq + 2 * {phase}] = {v['10']}",
+                      f"if rw{u} and cl{u}:", f"    S[tq + 3 * {phase}] = {v['11']}")
 
 
 def _emit_fold_weights(e: _Emitter, spec: PlaneSpec) -> None:
