@@ -68,6 +68,10 @@
 #              kernel at 8x64x256x256 in fp16 ($TILEDTYPE_SHAPES)     (~4 min cold)
 #   tileprofile  ncu occupancy, warp states, stall reasons and instruction counts of
 #              the tiled forward and backward at 8x128x512x512, L1 and L3 (~2 min)
+#   stageprofile the same for the split forward's tile kernel at the ConvNeXt-T stages
+#              28 (L4) and 56 (L5), fp32, plus ncu's pipe utilisation: is it bound by
+#              issue, by latency or by shared-memory instructions? ($STAGEPROFILE_SHAPES:
+#              "B C H W L K" per shape, comma-separated)             (~2 min cold)
 #
 # Knobs: TEST_KS (kernel sizes of the sweep, default 3,5,7,9), TEST_WORKERS (pytest
 # processes per GPU, default 8), TEST_TIMEOUT (seconds, default 420), TEST_FILTER (a pytest
@@ -329,6 +333,21 @@ run_tileprofile() {
   # one archive: the device tool returns a limited number of files
   tar czf "$OUT/tileprofile.tgz" -C "$OUT" $(cd "$OUT" && ls tileprofile_*.csv tileprofile_*.err) \
     && rm -f "$OUT"/tileprofile_*.csv "$OUT"/tileprofile_*.err
+}
+
+run_stageprofile() {
+  echo "== where the stage tiles' time goes (ncu: stall reasons, pipes, shared instructions)"
+  local metrics="regex:smsp__average_warps_issue_stalled_.*_per_issue_active"
+  metrics+=",smsp__inst_executed.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum"
+  metrics+=",smsp__sass_inst_executed_op_shared_ld.sum,smsp__sass_inst_executed_op_shared_st.sum"
+  local shapes=() shape
+  IFS=, read -ra shapes <<<"${STAGEPROFILE_SHAPES:-64 192 28 28 4 5,64 96 56 56 5 5}"
+  # ncu_target.py's forward mode runs three forwards: the third one's tile is measured
+  for shape in "${!shapes[@]}"; do shapes[shape]="${shapes[shape]} forward"; done
+  ncu_sections stageprofile wtconv_tile ncu_target.py "${shapes[@]}" \
+    -- --section InstructionStats --section ComputeWorkloadAnalysis --metrics "$metrics"
+  tar czf "$OUT/stageprofile.tgz" -C "$OUT" $(cd "$OUT" && ls stageprofile_*.csv stageprofile_*.err) \
+    && rm -f "$OUT"/stageprofile_*.csv "$OUT"/stageprofile_*.err
 }
 
 run_tiles() {
@@ -602,7 +621,7 @@ print(*sorted({f"{h}x{w}:{lv}" for _, _, h, w, lv, _ in CONFIGS}))')
 
 for phase in "${phases[@]}"; do
   case "$phase" in
-    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|fwdhost|torchstep|stepprofile|tiles|tileprofile|split|registers|ab|bwdprofile|hotspots|tilehotspots|lanes|lanehotspots|tiledtypes)
+    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|fwdhost|torchstep|stepprofile|tiles|tileprofile|stageprofile|split|registers|ab|bwdprofile|hotspots|tilehotspots|lanes|lanehotspots|tiledtypes)
       "run_$phase" || status=1 ;;
     *) echo "unknown phase: $phase"; status=2 ;;
   esac
