@@ -340,10 +340,10 @@ run_stageprofile() {
   local metrics="regex:smsp__average_warps_issue_stalled_.*_per_issue_active"
   metrics+=",smsp__inst_executed.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum"
   metrics+=",smsp__sass_inst_executed_op_shared_ld.sum,smsp__sass_inst_executed_op_shared_st.sum"
-  local shapes=() shape
+  local shapes=() i
   IFS=, read -ra shapes <<<"${STAGEPROFILE_SHAPES:-64 192 28 28 4 5,64 96 56 56 5 5}"
   # ncu_target.py's forward mode runs three forwards: the third one's tile is measured
-  for shape in "${!shapes[@]}"; do shapes[shape]="${shapes[shape]} forward"; done
+  for i in "${!shapes[@]}"; do shapes[i]="${shapes[i]} forward"; done
   ncu_sections stageprofile wtconv_tile ncu_target.py "${shapes[@]}" \
     -- --section InstructionStats --section ComputeWorkloadAnalysis --metrics "$metrics"
   tar czf "$OUT/stageprofile.tgz" -C "$OUT" $(cd "$OUT" && ls stageprofile_*.csv stageprofile_*.err) \
