@@ -322,12 +322,15 @@ run_lanehotspots() {
   return $rc
 }
 
+# ncu metrics of the tile profiles: stall reasons, instructions, shared loads, stores and
+# bank conflicts
+TILE_METRICS="regex:smsp__average_warps_issue_stalled_.*_per_issue_active"
+TILE_METRICS+=",smsp__inst_executed.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum"
+TILE_METRICS+=",smsp__sass_inst_executed_op_shared_ld.sum,smsp__sass_inst_executed_op_shared_st.sum"
+
 run_tileprofile() {
   echo "== where the tiles' time goes (ncu, 8x128x512x512, K5, fp32, tiles forced)"
-  local metrics="regex:smsp__average_warps_issue_stalled_.*_per_issue_active"
-  metrics+=",smsp__inst_executed.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum"
-  metrics+=",smsp__sass_inst_executed_op_shared_ld.sum,smsp__sass_inst_executed_op_shared_st.sum"
-  metrics+=",dram__bytes_read.sum,dram__bytes_write.sum"
+  local metrics="$TILE_METRICS,dram__bytes_read.sum,dram__bytes_write.sum"
   ncu_sections tileprofile wtconv_tile tile_ncu_target.py "8 128 512 512 1 5" "8 128 512 512 3 5" \
     -- --section InstructionStats --metrics "$metrics"
   # one archive: the device tool returns a limited number of files
@@ -337,15 +340,12 @@ run_tileprofile() {
 
 run_stageprofile() {
   echo "== where the stage tiles' time goes (ncu: stall reasons, pipes, shared instructions)"
-  local metrics="regex:smsp__average_warps_issue_stalled_.*_per_issue_active"
-  metrics+=",smsp__inst_executed.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum"
-  metrics+=",smsp__sass_inst_executed_op_shared_ld.sum,smsp__sass_inst_executed_op_shared_st.sum"
   local shapes=() i
   IFS=, read -ra shapes <<<"${STAGEPROFILE_SHAPES:-64 192 28 28 4 5,64 96 56 56 5 5}"
   # ncu_target.py's forward mode runs three forwards: the third one's tile is measured
   for i in "${!shapes[@]}"; do shapes[i]="${shapes[i]} forward"; done
   ncu_sections stageprofile wtconv_tile ncu_target.py "${shapes[@]}" \
-    -- --section InstructionStats --section ComputeWorkloadAnalysis --metrics "$metrics"
+    -- --section InstructionStats --section ComputeWorkloadAnalysis --metrics "$TILE_METRICS"
   tar czf "$OUT/stageprofile.tgz" -C "$OUT" $(cd "$OUT" && ls stageprofile_*.csv stageprofile_*.err) \
     && rm -f "$OUT"/stageprofile_*.csv "$OUT"/stageprofile_*.err
 }
