@@ -814,13 +814,16 @@ def _emit_planes_load_quads(e: _Emitter, spec: PlaneSpec, targets: list, base: s
                       f"if rw{u} and cl{u}:", f"    S[tq + 3 * {phase}] = {v['11']}")
 
 
-def _emit_fold_weights(e: _Emitter, spec: PlaneSpec) -> None:
+def _emit_fold_weights(e: _Emitter, spec: PlaneSpec, tap_columns: int = 0) -> None:
     """Scales (and the Haar 1/2) folded into the channel's taps, in S[sb:].
 
     Layout (see :func:`wtconv_cuda.kernels.layout.weight_region`): ``K*K``
     base taps, then ``4*K*K`` taps per level (subband-major), then the bias.
     Every loop runs over one structured range, so no index is divided; the
-    four subbands' loads of a level are issued together.
+    four subbands' loads of a level are issued together. With ``tap_columns``
+    (a multiple of 4, at least ``K*K``) the level taps start there instead,
+    each level's ordered by tap column, ``(dx, k, dy)`` (tiles whose levels
+    run top down, :func:`wtconv_cuda.kernels.tiles._tap_columns`).
     """
     K, T = spec.kernel_size, spec.threads
     K2 = K * K
@@ -838,14 +841,21 @@ def _emit_fold_weights(e: _Emitter, spec: PlaneSpec) -> None:
         with e.indent():
             for k in range(4):
                 e(f"v{k} = f05 * (ws{k} * {ld(f'ww[(wq + {k}) * {K2} + {tap}]')})")
-            for k in range(4):
-                e(f"S[sb + {K2} + j * {4 * K2} + {k * K2} + t] = v{k}")
+            if tap_columns:  # t = dy K + dx goes to dx 4K + k K + dy
+                e(f"ty = t // {K}",
+                  f"tc = {tap_columns} + j * {4 * K2} + (t - ty * {K}) * {4 * K} + ty")
+                for k in range(4):
+                    e(f"S[sb + tc + {k * K}] = v{k}")
+            else:
+                for k in range(4):
+                    e(f"S[sb + {K2} + j * {4 * K2} + {k * K2} + t] = v{k}")
+    bias = f"{tap_columns} + {4 * K2} * L" if tap_columns else f"{K2} + {4 * K2} * L"
     e("if tid == 0:")
     with e.indent():
         if spec.backward:  # dx has no bias
-            e(f"S[sb + {K2} + {4 * K2} * L] = fz")
+            e(f"S[sb + {bias}] = fz")
         else:
-            e(f"S[sb + {K2} + {4 * K2} * L] = scale * {ld('b0[c]')} if has_bias != 0 else fz")
+            e(f"S[sb + {bias}] = scale * {ld('b0[c]')} if has_bias != 0 else fz")
 
 
 def _strip_item_cost(K: int, Q: int) -> int:

@@ -654,7 +654,7 @@ class SmallTileSplit(NamedTuple):
 #: -> 89.3, 64 x 384 77.3 -> 100.7. fp16 alike.
 SPLIT_SMALL_TILES = {16: SmallTileSplit(1, 3, 32, 2, min_pixels=1 << 22, inner=True,
                                         inner_max_pixels=1 << 22),
-                     32: SmallTileSplit(2, 4, 32),
+                     32: SmallTileSplit(2, 4, 32, max_registers=120),
                      64: SmallTileSplit(2, 4, fit=8, inner=True)}
 #: ... where the tile wastes at most this fraction of its pixels ...
 SPLIT_MAX_WASTE = 1.35

@@ -194,6 +194,11 @@ class TileGeometry(NamedTuple):
     inner : InnerGeometry or None
         Forward with inner levels only (else None): their grids, subbands and
         taps (see :func:`inner_geometry`).
+    level_taps : int
+        Offset of level 1's folded taps: ``K**2`` where each level's ``4 K**2``
+        taps are subband-major (``k, dy, dx``), or the next multiple of 4 in
+        tiles whose levels run top down, which order them by tap column
+        (``dx, k, dy``, see :func:`_tap_columns`).
     """
 
     halos: tuple
@@ -205,6 +210,7 @@ class TileGeometry(NamedTuple):
     xgrids: tuple = ()
     reduce: int = 0
     inner: InnerGeometry | None = None
+    level_taps: int = 0
 
     @property
     def read_amplification(self) -> float:
@@ -537,13 +543,16 @@ def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = Fal
     else:
         halos = tuple(2 * P * 2 ** (L - 1 - i) for i in range(L))
     edges = tuple((TS >> i) + 2 * h for i, h in enumerate(halos))
-    ntaps = K * K + 4 * K * K * L + 1
+    top_down = whole_plane and L >= 2 and not inner_levels
+    # top down, a tap column's 4 K taps of a level start on a 16-byte boundary
+    level_taps = -(-K * K // 4) * 4 if top_down else K * K
+    ntaps = level_taps + 4 * K * K * L + 1
     offset, grids = ntaps, []
     for n in edges:
         grids.append(offset)
         offset += 4 * phase_stride(n)
     z = []
-    if whole_plane and L >= 2 and not inner_levels:
+    if top_down:
         # the levels run top down (see _levels_top_down): level 1 runs last, when the LL
         # grids 1..L-1 are dead, so z_1 starts where grid 1 did
         end = offset
@@ -552,6 +561,8 @@ def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = Fal
         for j in range(2, L + 1):
             z.append(offset)
             offset += 4 * (TS >> j) ** 2
+        return TileGeometry(halos, edges, tuple(grids), tuple(z), ntaps, offset,
+                            level_taps=level_taps)
     else:
         for j in range(1, L + 1):
             z.append(offset)
@@ -563,9 +574,11 @@ def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = Fal
         # output phase reads last
         dead = (grids[L - 1], 4 * phase_stride(edges[L - 1])) if L >= 2 else (0, 0)
         inner, offset = inner_geometry(K, L, TS, inner_levels, (dead, offset))
-        return TileGeometry(halos, edges, tuple(grids), tuple(z), ntaps, offset, inner=inner)
+        return TileGeometry(halos, edges, tuple(grids), tuple(z), ntaps, offset, inner=inner,
+                            level_taps=level_taps)
     if not backward:
-        return TileGeometry(halos, edges, tuple(grids), tuple(z), ntaps, offset)
+        return TileGeometry(halos, edges, tuple(grids), tuple(z), ntaps, offset,
+                            level_taps=level_taps)
     xgrids = []
     for n in edges:
         xgrids.append(offset)
@@ -573,7 +586,7 @@ def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = Fal
     reduce = offset
     offset += reduce_floats(K, L, TS, threads)
     return TileGeometry(halos, edges, tuple(grids), tuple(z), ntaps, offset, tuple(xgrids),
-                        reduce)
+                        reduce, level_taps=level_taps)
 
 
 def spec_geometry(spec: TileSpec) -> TileGeometry:
@@ -790,7 +803,7 @@ def tile_kernel_source(spec: TileSpec) -> str:
               f"oy = trow * {TS}",
               f"ox = (tile - trow * tiles_x) * {TS}")
         e("c = plane - (plane // C) * C")
-        _emit_fold_weights(e, spec)
+        _emit_fold_weights(e, spec, tap_columns=geo.level_taps if _tap_columns(geo) else 0)
         if spec.coarse:
             _emit_coarse_loads(e, spec)
         if spec.height:
@@ -970,6 +983,18 @@ def _levels_top_down(geo: TileGeometry) -> bool:
     return len(geo.grids) > 1 and geo.z[0] < geo.grids[-1] + 4 * geo.phase(len(geo.grids) - 1)
 
 
+def _tap_columns(geo: TileGeometry) -> bool:
+    """Whether the level taps are ordered by tap column (see :func:`tile_geometry`).
+
+    In a tile whose levels run top down, level ``j``'s tap ``(k, dy, dx)`` is at
+    ``level_taps + (j - 1) 4 K**2 + dx 4 K + k K + dy``: a strip's ``4 K`` taps of
+    one tap column are adjacent and start on a 16-byte boundary, at addresses
+    the generated code gives as constants (the tap columns are unrolled), so
+    ptxas can load them four at a time (``LDS.128``).
+    """
+    return geo.level_taps != 0 and geo.level_taps % 4 == 0 and _levels_top_down(geo)
+
+
 def _halos_halve(geo: TileGeometry) -> bool:
     """Whether each grid's halo is half the one below it (a tile inside its plane), not
     ``2P`` on every grid (a tile over its whole plane, see :func:`tile_geometry`)."""
@@ -1012,7 +1037,7 @@ def _level_layout(spec: TileSpec, geo: TileGeometry, j: int) -> tuple:
     K = spec.kernel_size
     off = geo.halos[j - 1] // 2 - (K - 1) // 2
     return (spec.tile >> j, off, geo.grids[j - 1], geo.phase(j - 1), geo.pitch(j - 1),
-            geo.z[j - 1], K * K + (j - 1) * 4 * K * K)
+            geo.z[j - 1], geo.level_taps + (j - 1) * 4 * K * K)
 
 
 def _emit_tile_strips(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int, Q: int,
@@ -1034,19 +1059,28 @@ def _emit_tile_strips(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int, Q:
         for k in range(4):
             e(", ".join(f"acc{k}_{i}" for i in range(Q)) + " = "
               + ", ".join("fz" for _ in range(Q)))
-        e(f"for dx in range({K}):")
-        with e.indent():
-            e(f"wr = {wb} + dx", "col = base + dx")
-            for k in range(4):
-                for dy in range(K):
-                    e(f"w{k}_{dy} = S[wr + {k * K2 + dy * K}]")
-            for r in range(Q + K - 1):
-                _butterfly(e, "u", "", f"col + {r * pitch}", str(ph))
-                for i in range(Q):
-                    dy = r - i
-                    if 0 <= dy < K:
-                        for k in range(4):
-                            e(f"acc{k}_{i} += w{k}_{dy} * u{k}_")
+        columns = _tap_columns(geo)  # constant tap addresses, one tap column at a time
+        for dx in range(K if columns else 1):
+            if columns:
+                e(f"# tap column {dx}", f"col = base + {dx}")
+                body = nullcontext()
+            else:
+                e(f"for dx in range({K}):")
+                body = e.indent()
+            with body:
+                if not columns:
+                    e(f"wr = {wb} + dx", "col = base + dx")
+                for k in range(4):
+                    for dy in range(K):
+                        e(f"w{k}_{dy} = S[{wb + dx * 4 * K + k * K + dy}]" if columns
+                          else f"w{k}_{dy} = S[wr + {k * K2 + dy * K}]")
+                for r in range(Q + K - 1):
+                    _butterfly(e, "u", "", f"col + {r * pitch}", str(ph))
+                    for i in range(Q):
+                        dy = r - i
+                        if 0 <= dy < K:
+                            for k in range(4):
+                                e(f"acc{k}_{i} += w{k}_{dy} * u{k}_")
         for i in range(Q):
             e(f"zq = {zo} + (qy0 + {i}) * {n} + qx")
             if add_coarse:
@@ -1072,12 +1106,13 @@ def _emit_tile_singles(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int,
           "# subband k of the butterfly (a, b, c, d): (a + s1 b) + s2 (c + s1 d)",
           "s1 = float32(1 - 2 * (k >> 1))", "s2 = float32(1 - 2 * (k & 1))",
           f"qx = {_floor_mod('q', n)}", f"qy = {_floor_div('q', n)}",
-          f"base = {src} + (qy + {off}) * {pitch} + qx + {off}",
-          f"wk = {wb} + k * {K2}", "acc = fz",
-          f"for dx in range({K}):")
+          f"base = {src} + (qy + {off}) * {pitch} + qx + {off}")
+        columns = _tap_columns(geo)  # tap (k, dy, dx) at wk + dx 4K + dy
+        e(f"wk = {wb} + k * {K if columns else K2}", "acc = fz", f"for dx in range({K}):")
         with e.indent():
             for dy in range(K):
-                e(f"p = base + {dy * pitch} + dx", f"acc += S[wk + {dy * K} + dx] * ({band})")
+                tap = f"S[wk + dx * {4 * K} + {dy}]" if columns else f"S[wk + {dy * K} + dx]"
+                e(f"p = base + {dy * pitch} + dx", f"acc += {tap} * ({band})")
         if add_coarse:
             e("if k == 0:", f"    acc += S[{zo} + q]")
         e(f"S[{zo} + k * {n * n} + q] = acc")
@@ -1302,7 +1337,7 @@ def _emit_tile_output(e: _Emitter, spec: TileSpec, geo: TileGeometry, out: str) 
     n1 = TS // 2
     H0, pitch0, ph0 = geo.halos[0], geo.pitch(0), geo.phase(0)
     rows = list(range(2 * Q))
-    bias = K * K + 4 * K * K * L
+    bias = geo.ntaps - 1
     # a tile over its whole plane (spec.height) stores with compile-time sizes, and checks
     # only the sides where the tile reaches past the plane; other tiles check both
     if spec.height:
