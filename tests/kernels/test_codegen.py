@@ -265,10 +265,11 @@ def test_tile_over_its_whole_plane_keeps_2p_on_every_grid():
     whole = tile_geometry(5, 2, 32, whole_plane=True)
     assert plain.halos == (8, 4) and whole.halos == (4, 4)
     assert whole.edges == (40, 24) and whole.phase(0) == 400
-    # its levels' taps, ordered by tap column, start on a 16-byte boundary
-    assert plain.level_taps == 25 and whole.level_taps == 28
-    assert whole.ntaps == 28 + 4 * 25 * 2 + 1
-    assert whole.grids == (229, 229 + 4 * 400)
+    # its taps are ordered by tap column, each column on a 16-byte boundary: the base
+    # taps' five columns 8 words apart, then the levels'
+    assert plain.level_taps == 25 and whole.level_taps == 5 * 8
+    assert whole.ntaps == 40 + 4 * 25 * 2 + 1
+    assert whole.grids == (241, 241 + 4 * 400)
     assert whole.z == (whole.grids[1], whole.grids[1] + 4 * 16 ** 2)
     assert whole.floats == whole.z[1] + 4 * 8 ** 2
     assert [(228 * 1024) // (4 * g.floats + 1024) for g in (plain, whole)] == [12, 17]

@@ -814,25 +814,31 @@ def _emit_planes_load_quads(e: _Emitter, spec: PlaneSpec, targets: list, base: s
                       f"if rw{u} and cl{u}:", f"    S[tq + 3 * {phase}] = {v['11']}")
 
 
-def _emit_fold_weights(e: _Emitter, spec: PlaneSpec, tap_columns: int = 0) -> None:
+def _emit_fold_weights(e: _Emitter, spec: PlaneSpec, tap_columns: int = 0,
+                       base_pitch: int = 0) -> None:
     """Scales (and the Haar 1/2) folded into the channel's taps, in S[sb:].
 
     Layout (see :func:`wtconv_cuda.kernels.layout.weight_region`): ``K*K``
     base taps, then ``4*K*K`` taps per level (subband-major), then the bias.
     Every loop runs over one structured range, so no index is divided; the
     four subbands' loads of a level are issued together. With ``tap_columns``
-    (a multiple of 4, at least ``K*K``) the level taps start there instead,
-    each level's ordered by tap column, ``(dx, k, dy)`` (tiles whose levels
-    run top down, :func:`wtconv_cuda.kernels.tiles._tap_columns`).
+    (a multiple of 4, at least ``K * base_pitch``) and ``base_pitch`` (at least
+    ``K``) every tap is ordered by tap column (tiles whose levels run top
+    down, :func:`wtconv_cuda.kernels.tiles._tap_columns`): base tap ``(dy,
+    dx)`` at ``dx * base_pitch + dy``, and the level taps from ``tap_columns``
+    on, each level's as ``(dx, k, dy)``.
     """
     K, T = spec.kernel_size, spec.threads
     K2 = K * K
     ld = lambda x: _load(spec.storage, x)  # noqa: E731
     tap = f"{K2 - 1} - t" if spec.backward else "t"  # dx uses the flipped kernels
-    e(f"scale = {ld('s0[c]')}",
-      f"for t in range(tid, {K2}, {T}):",
-      f"    S[sb + t] = scale * {ld(f'w0[c * {K2} + {tap}]')}",
-      "for j in range(L):")
+    base = f"scale * {ld(f'w0[c * {K2} + {tap}]')}"
+    e(f"scale = {ld('s0[c]')}", f"for t in range(tid, {K2}, {T}):")
+    if base_pitch:  # t = dy K + dx goes to dx base_pitch + dy
+        e(f"    ty = t // {K}", f"    S[sb + (t - ty * {K}) * {base_pitch} + ty] = {base}")
+    else:
+        e(f"    S[sb + t] = {base}")
+    e("for j in range(L):")
     with e.indent():
         e("wq = (j * C + c) * 4")
         for k in range(4):

@@ -195,10 +195,10 @@ class TileGeometry(NamedTuple):
         Forward with inner levels only (else None): their grids, subbands and
         taps (see :func:`inner_geometry`).
     level_taps : int
-        Offset of level 1's folded taps: ``K**2`` where each level's ``4 K**2``
-        taps are subband-major (``k, dy, dx``), or the next multiple of 4 in
-        tiles whose levels run top down, which order them by tap column
-        (``dx, k, dy``, see :func:`_tap_columns`).
+        Offset of level 1's folded taps: ``K**2`` where the base taps are
+        row-major and each level's ``4 K**2`` taps subband-major (``k, dy,
+        dx``), or ``K`` times :func:`_base_pitch` in tiles whose levels run top
+        down, which order both by tap column (see :func:`_tap_columns`).
     """
 
     halos: tuple
@@ -544,8 +544,8 @@ def tile_geometry(kernel_size: int, levels: int, tile: int, backward: bool = Fal
         halos = tuple(2 * P * 2 ** (L - 1 - i) for i in range(L))
     edges = tuple((TS >> i) + 2 * h for i, h in enumerate(halos))
     top_down = whole_plane and L >= 2 and not inner_levels
-    # top down, a tap column's 4 K taps of a level start on a 16-byte boundary
-    level_taps = -(-K * K // 4) * 4 if top_down else K * K
+    # top down, the taps are ordered by tap column, each on a 16-byte boundary
+    level_taps = K * _base_pitch(K) if top_down else K * K
     ntaps = level_taps + 4 * K * K * L + 1
     offset, grids = ntaps, []
     for n in edges:
@@ -803,7 +803,10 @@ def tile_kernel_source(spec: TileSpec) -> str:
               f"oy = trow * {TS}",
               f"ox = (tile - trow * tiles_x) * {TS}")
         e("c = plane - (plane // C) * C")
-        _emit_fold_weights(e, spec, tap_columns=geo.level_taps if _tap_columns(geo) else 0)
+        if _tap_columns(geo):
+            _emit_fold_weights(e, spec, tap_columns=geo.level_taps, base_pitch=_base_pitch(K))
+        else:
+            _emit_fold_weights(e, spec)
         if spec.coarse:
             _emit_coarse_loads(e, spec)
         if spec.height:
@@ -983,16 +986,23 @@ def _levels_top_down(geo: TileGeometry) -> bool:
     return len(geo.grids) > 1 and geo.z[0] < geo.grids[-1] + 4 * geo.phase(len(geo.grids) - 1)
 
 
-def _tap_columns(geo: TileGeometry) -> bool:
-    """Whether the level taps are ordered by tap column (see :func:`tile_geometry`).
+def _base_pitch(kernel_size: int) -> int:
+    """Words between the base taps' columns where the taps are ordered by tap column:
+    ``K`` rounded up to a multiple of 4."""
+    return -(-kernel_size // 4) * 4
 
-    In a tile whose levels run top down, level ``j``'s tap ``(k, dy, dx)`` is at
-    ``level_taps + (j - 1) 4 K**2 + dx 4 K + k K + dy``: a strip's ``4 K`` taps of
-    one tap column are adjacent and start on a 16-byte boundary, at addresses
-    the generated code gives as constants (the tap columns are unrolled), so
-    ptxas can load them four at a time (``LDS.128``).
+
+def _tap_columns(geo: TileGeometry) -> bool:
+    """Whether the taps are ordered by tap column (see :func:`tile_geometry`).
+
+    In a tile whose levels run top down, base tap ``(dy, dx)`` is at ``dx Kp +
+    dy`` (``Kp`` = :func:`_base_pitch`) and level ``j``'s tap ``(k, dy, dx)`` at
+    ``level_taps + (j - 1) 4 K**2 + dx 4 K + k K + dy``: the taps one tap
+    column reads are adjacent and start on a 16-byte boundary, at addresses the
+    generated code gives as constants (the tap columns are unrolled), so
+    ptxas loads them four at a time (``LDS.128``).
     """
-    return geo.level_taps != 0 and geo.level_taps % 4 == 0 and _levels_top_down(geo)
+    return _levels_top_down(geo) and geo.level_taps % 4 == 0
 
 
 def _halos_halve(geo: TileGeometry) -> bool:
@@ -1354,12 +1364,17 @@ def _emit_tile_output(e: _Emitter, spec: TileSpec, geo: TileGeometry, out: str) 
         e(", ".join(f"acc{o}_{ex}" for o in rows for ex in (0, 1)) + " = "
           + ", ".join("fz" for _ in rows for _ in (0, 1)))
 
-        def column(u: str, used) -> None:
+        columns = _tap_columns(geo)  # then every tap address is a constant
+
+        def column(u, used) -> None:
             # input column 2*qx + u feeds output column 2*qx + ex through tap column u - ex + P
-            e(f"colbase = rowbase + (({u}) & 1) * {ph0} + (({u}) >> 1)", f"wu = ({u}) + {P}")
+            e(f"colbase = rowbase + (({u}) & 1) * {ph0} + (({u}) >> 1)")
+            if not columns:
+                e(f"wu = ({u}) + {P}")
             for ex in used:
                 for dy in range(K):
-                    e(f"w{ex}_{dy} = S[wu + {dy * K - ex}]")
+                    e(f"w{ex}_{dy} = S[{(u + P - ex) * _base_pitch(K) + dy}]" if columns
+                      else f"w{ex}_{dy} = S[wu + {dy * K - ex}]")
             for t in range(-P, 2 * Q + P):
                 e(f"v = S[colbase + {(t & 1) * 2 * ph0 + (t >> 1) * pitch0}]")
                 for o in rows:
@@ -1368,11 +1383,15 @@ def _emit_tile_output(e: _Emitter, spec: TileSpec, geo: TileGeometry, out: str) 
                         for ex in used:
                             e(f"acc{o}_{ex} += w{ex}_{dy} * v")
 
-        column(f"{-P}", (0,))
-        e(f"for u in range({-P + 1}, {P + 1}):")
-        with e.indent():
-            column("u", (0, 1))
-        column(f"{P + 1}", (1,))
+        column(-P if columns else f"{-P}", (0,))
+        if columns:
+            for u in range(-P + 1, P + 1):
+                column(u, (0, 1))
+        else:
+            e(f"for u in range({-P + 1}, {P + 1}):")
+            with e.indent():
+                column("u", (0, 1))
+        column(P + 1 if columns else f"{P + 1}", (1,))
         for i in range(Q):
             e(f"qy = qy0 + {i}")
             if L > 0:
