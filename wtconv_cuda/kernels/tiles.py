@@ -1002,7 +1002,7 @@ def _tap_columns(geo: TileGeometry) -> bool:
     generated code gives as constants (the tap columns are unrolled), so
     ptxas loads them four at a time (``LDS.128``).
     """
-    return _levels_top_down(geo) and geo.level_taps % 4 == 0
+    return _levels_top_down(geo)
 
 
 def _halos_halve(geo: TileGeometry) -> bool:
