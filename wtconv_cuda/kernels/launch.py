@@ -638,6 +638,14 @@ class SmallTileSplit(NamedTuple):
 #: ``dy``, one partial per tile) raised peak training memory at the ConvNeXt-T
 #: stages from 1.04x to 1.14-1.50x depthwise 7x7.
 #:
+#: The 28 x 28 rule caps registers at 120 (its tile with tap columns, see
+#: :func:`~wtconv_cuda.kernels.tiles.tile_geometry`, wants 126). That was meant to
+#: keep 17 one-warp blocks per multiprocessor; it does not: a sub-partition's
+#: 16,384 registers hold four warps of 120 (or 128), so 16 blocks fit either way
+#: (ncu on an H100; 17 needs 96 or fewer). As measured, 118 registers: the 28 x 28
+#: forward 0.131 -> 0.129 ms against the tile without tap columns (87 registers, 17
+#: blocks; ``benchmarks/results/h100-2026-12-05d/``).
+#:
 #: The inner levels (``inner``, :func:`inner_tiles`): on an H200, fp32, K 5, the
 #: split forward -> one launch with the coarse levels in the tile's block
 #: (``benchmarks/split_stages.py``): 64 x 96 x 56 x 56, L 5: 246.3 -> 227.5 us;
