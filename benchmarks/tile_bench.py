@@ -113,7 +113,10 @@ def grid_configs(levels=None, configs=None):
 
 
 def parse_variant(text):
-    """``TS:THREADS:STRIP:REGS[:ASTRIP]`` -> (Tuning with tiles forced on, analysis strip)."""
+    """``TS:THREADS:STRIP:REGS[:ASTRIP]`` -> (Tuning with tiles forced on, analysis strip).
+
+    ``ASTRIP`` reaches the unsplit variants only: the split ones (``--splits``) run
+    through ``run_forward``, whose tiles keep the default analysis strip."""
     values = [int(v) for v in text.split(":")]
     ts, threads, strip, regs = values[:4]
     astrip = values[4] if len(values) > 4 else None
