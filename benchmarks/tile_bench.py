@@ -113,14 +113,19 @@ def grid_configs(levels=None, configs=None):
 
 
 def parse_variant(text):
-    """``TS:THREADS:STRIP:REGS[:ASTRIP]`` -> (Tuning with tiles forced on, analysis strip).
+    """``TS:THREADS:STRIP:REGS[:ASTRIP[:PLANES]]`` -> (Tuning with tiles forced on, analysis
+    strip). ``ASTRIP`` 0 keeps the default; ``PLANES``: ``Tuning.tile_planes`` (planes of
+    one channel a block, for tiles over their whole plane).
 
     ``ASTRIP`` reaches the unsplit variants only: the split ones (``--splits``) run
-    through ``run_forward``, whose tiles keep the default analysis strip."""
+    through ``run_forward``, whose tiles keep the default analysis strip (``PLANES``
+    reaches both)."""
     values = [int(v) for v in text.split(":")]
     ts, threads, strip, regs = values[:4]
     astrip = values[4] if len(values) > 4 else None
-    return Tuning(threads=threads, strip=strip, max_registers=regs, tiles=True, tile=ts), astrip
+    planes = values[5] if len(values) > 5 else None
+    return Tuning(threads=threads, strip=strip, max_registers=regs, tiles=True, tile=ts,
+                  tile_planes=planes), astrip
 
 
 def tile_plan(problem, backend, variant):
@@ -145,7 +150,7 @@ def main():
     parser.add_argument("--json", default=None)
     parser.add_argument("--storage", nargs="+", default=["float32"])
     parser.add_argument("--variants", nargs="+", default=["64:128:4:128"],
-                        metavar="TS:THREADS:STRIP:REGS[:ASTRIP]")
+                        metavar="TS:THREADS:STRIP:REGS[:ASTRIP[:PLANES]]")
     parser.add_argument("--levels", type=int, nargs="+", default=None)
     parser.add_argument("--configs", nargs="+", default=None, metavar="BxCxHxW:L",
                         help="configurations instead of the paper grid")

@@ -815,8 +815,8 @@ def _emit_planes_load_quads(e: _Emitter, spec: PlaneSpec, targets: list, base: s
 
 
 def _emit_fold_weights(e: _Emitter, spec: PlaneSpec, tap_columns: int = 0,
-                       base_pitch: int = 0) -> None:
-    """Scales (and the Haar 1/2) folded into the channel's taps, in S[sb:].
+                       base_pitch: int = 0, array: str = "S") -> None:
+    """Scales (and the Haar 1/2) folded into the channel's taps, in ``array[sb:]`` (``S``).
 
     Layout (see :func:`wtconv_cuda.kernels.layout.weight_region`): ``K*K``
     base taps, then ``4*K*K`` taps per level (subband-major), then the bias.
@@ -835,9 +835,9 @@ def _emit_fold_weights(e: _Emitter, spec: PlaneSpec, tap_columns: int = 0,
     base = f"scale * {ld(f'w0[c * {K2} + {tap}]')}"
     e(f"scale = {ld('s0[c]')}", f"for t in range(tid, {K2}, {T}):")
     if base_pitch:  # t = dy K + dx goes to dx base_pitch + dy
-        e(f"    ty = t // {K}", f"    S[sb + (t - ty * {K}) * {base_pitch} + ty] = {base}")
+        e(f"    ty = t // {K}", f"    {array}[sb + (t - ty * {K}) * {base_pitch} + ty] = {base}")
     else:
-        e(f"    S[sb + t] = {base}")
+        e(f"    {array}[sb + t] = {base}")
     e("for j in range(L):")
     with e.indent():
         e("wq = (j * C + c) * 4")
@@ -851,17 +851,17 @@ def _emit_fold_weights(e: _Emitter, spec: PlaneSpec, tap_columns: int = 0,
                 e(f"ty = t // {K}",
                   f"tc = {tap_columns} + j * {4 * K2} + (t - ty * {K}) * {4 * K} + ty")
                 for k in range(4):
-                    e(f"S[sb + tc + {k * K}] = v{k}")
+                    e(f"{array}[sb + tc + {k * K}] = v{k}")
             else:
                 for k in range(4):
-                    e(f"S[sb + {K2} + j * {4 * K2} + {k * K2} + t] = v{k}")
+                    e(f"{array}[sb + {K2} + j * {4 * K2} + {k * K2} + t] = v{k}")
     bias = f"{tap_columns} + {4 * K2} * L" if tap_columns else f"{K2} + {4 * K2} * L"
     e("if tid == 0:")
     with e.indent():
         if spec.backward:  # dx has no bias
-            e(f"S[sb + {bias}] = fz")
+            e(f"{array}[sb + {bias}] = fz")
         else:
-            e(f"S[sb + {bias}] = scale * {ld('b0[c]')} if has_bias != 0 else fz")
+            e(f"{array}[sb + {bias}] = scale * {ld('b0[c]')} if has_bias != 0 else fz")
 
 
 def _strip_item_cost(K: int, Q: int) -> int:

@@ -30,7 +30,7 @@ from .lanes import planes_per_partial as lane_partial_planes
 from .lanes import shared_bytes as lane_shared_bytes
 from .registers import MAX_PIXELS as REGISTER_MAX_PIXELS, RegisterSpec
 from .registers import shared_bytes as register_shared_bytes
-from .tiles import TileSpec, output_strip, spec_geometry, tile_geometry
+from .tiles import TileSpec, output_strip, shared_floats, spec_geometry, tile_geometry
 from .driver import driver_launch
 from .layout import HEADER_FIELDS, plane_layout, with_problem
 
@@ -193,6 +193,11 @@ class Tuning(NamedTuple):
         block (``LaneSpec.groups``: that many times fewer partials), where
         ``B`` is a multiple of the block's planes times it. None: the
         default rule's count (:func:`plan_lanes`).
+    tile_planes : int or None
+        A forward on tiles over their whole plane without inner levels (the
+        28 x 28 stage's split) runs this many planes of one channel a block
+        (``TileSpec.planes``), where ``B`` is a multiple of it and the block's
+        buffer fits; None or 1: one plane a block.
     """
 
     threads: int | None = None
@@ -212,6 +217,7 @@ class Tuning(NamedTuple):
     lanes: int | None = None
     lanes_forward: int | None = None
     lane_groups: int | None = None
+    tile_planes: int | None = None
 
 
 #: Bytes per element of each storage dtype.
@@ -776,7 +782,7 @@ def inner_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning()):
     if small is None:
         return None
     c, fine = small
-    if c < 1 or fine.ntiles != 1:
+    if c < 1 or fine.ntiles != 1 or fine.spec.planes > 1:
         return None
     spec = fine.spec._replace(inner_levels=p.levels - c)
     geo = spec_geometry(spec)
@@ -861,6 +867,12 @@ def whole_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
     if sizes[0]:  # the rules above read the general halos; a whole plane needs less
         shared_bytes = 4 * spec_geometry(spec).floats
     grid = p.batch * p.channels * ntiles
+    planes = tuning.tile_planes or 1
+    if sizes[0] and planes > 1 and p.batch % planes == 0:  # planes of one channel a block
+        several = spec._replace(planes=planes)
+        if 4 * shared_floats(several) <= shared_limit:
+            spec, shared_bytes = several, 4 * shared_floats(several)
+            grid, threads = grid // planes, threads * planes
     if not backward:
         return TileLaunch(spec, grid, threads, shared_bytes, tiles_x, ntiles)
     ntaps = p.kernel_size ** 2 * (1 + 4 * p.levels) + 1

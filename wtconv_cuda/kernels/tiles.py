@@ -57,6 +57,7 @@ planes (``TS_j = TS / 2**j``), subband-major.
 
 from __future__ import annotations
 
+import re
 from contextlib import contextmanager, nullcontext
 from functools import lru_cache
 from typing import NamedTuple
@@ -112,6 +113,15 @@ class TileSpec(NamedTuple):
         (:func:`_emit_plane_load`) and stores its pixels with constant sizes,
         checked only on the sides where the tile reaches past the plane. 0
         (the default): sizes from the arguments, any number of tiles.
+    planes : int
+        Forward tiles over their whole plane (``height`` set), without inner
+        levels: planes a block runs side by side, ``threads`` each, all of one
+        channel (batch entries ``(n // C) * planes + w`` of channel ``n % C``
+        for block ``n``, group ``w``; ``B`` a multiple of it). The groups keep
+        one copy of the channel's taps and a data buffer each
+        (:func:`shared_floats`), and pass the block's barriers together, so
+        the warps of a multiprocessor run the same phase at the same time. 1
+        (the default): one plane a block.
     """
 
     kernel_size: int
@@ -127,6 +137,14 @@ class TileSpec(NamedTuple):
     inner_levels: int = 0
     height: int = 0
     width: int = 0
+    planes: int = 1
+
+    def __repr__(self) -> str:
+        """As a named tuple's, without ``planes=1``: a variant's name, and the key of its
+        compiled PTX (:mod:`.compiler`), stay what they were before the field."""
+        fields = (f"{name}={value!r}" for name, value in zip(self._fields, self)
+                  if not (name == "planes" and value == 1))
+        return f"TileSpec({', '.join(fields)})"
 
 
 class InnerGeometry(NamedTuple):
@@ -595,6 +613,23 @@ def spec_geometry(spec: TileSpec) -> TileGeometry:
                          spec.inner_levels, whole_plane=bool(spec.height))
 
 
+def plane_floats(spec: TileSpec) -> int:
+    """float32 words between the data buffers of a block's planes (``spec.planes`` above
+    1): a plane's buffer past the taps, rounded up to 16 bytes (the taps' ``LDS.128``
+    alignment, and each plane's grids keep their offsets modulo 4)."""
+    geo = spec_geometry(spec)
+    return -(-(geo.floats - geo.ntaps) // 4) * 4
+
+
+def shared_floats(spec: TileSpec) -> int:
+    """float32 words of a block's shared buffer: the geometry's, or with ``spec.planes``
+    above 1 the taps once and :func:`plane_floats` for each plane."""
+    geo = spec_geometry(spec)
+    if spec.planes == 1:
+        return geo.floats
+    return geo.ntaps + spec.planes * plane_floats(spec)
+
+
 #: Most level-1 coefficient rows of an output-phase item (:func:`output_strip`): its
 #: ``4 Q`` accumulators then number the 28 of a level-1 strip item.
 OUTPUT_STRIP_MOST = 7
@@ -775,6 +810,10 @@ def tile_kernel_source(spec: TileSpec) -> str:
         raise ValueError(f"strip must divide the level-1 tile edge {TS // 2}, got {Q}")
     if NT < 32 or NT % 32:
         raise ValueError(f"threads must be a positive multiple of 32, got {NT}")
+    P = spec.planes
+    if P < 1 or (P > 1 and not (spec.height and not spec.backward and not spec.inner_levels)):
+        raise ValueError("planes above 1 need a forward tile over its whole plane without "
+                         f"inner levels, got {spec}")
 
     e = _Emitter()
     extra = ", coarse, Hc, Wc" if spec.coarse else ""
@@ -785,14 +824,24 @@ def tile_kernel_source(spec: TileSpec) -> str:
         e(f"def wtconv_tile(x, y, w0, b0, s0, ww, ws, H, W, C, has_bias, tiles_x, ntiles{extra}):")
     source = "grad_out" if spec.backward else "x"  # dy, or x
     with e.indent():
-        e("S = cuda.shared.array(0, dtype=float32)",
-          "tid = int64(cuda.threadIdx.x)",
-          "fz = float32(0.0)",
+        e("S = cuda.shared.array(0, dtype=float32)")
+        if P > 1:  # S[so + i]: this plane's word i (i >= the taps); T[i]: tap i
+            e("T = S",
+              f"wp = {_floor_div('int64(cuda.threadIdx.x)', NT)}",
+              f"tid = int64(cuda.threadIdx.x) - wp * {NT}",
+              f"so = wp * {plane_floats(spec)}")
+        else:
+            e("tid = int64(cuda.threadIdx.x)")
+        e("fz = float32(0.0)",
           "f05 = float32(0.5)",
           f"L = {L}",
           "sb = int64(0)",
           "bid = int64(cuda.blockIdx.x)")
-        if spec.height:
+        if P > 1:
+            e(f"# block -> {P} planes of channel bid % C, batch entries (bid // C) * {P} + wp",
+              "cb = bid // C", f"plane = (cb * {P} + wp) * C + (bid - cb * C)",
+              "oy = int64(0)", "ox = int64(0)")
+        elif spec.height:
             e("# block -> plane (one tile per plane)", "plane = bid", "oy = int64(0)",
               "ox = int64(0)")
         else:
@@ -803,10 +852,14 @@ def tile_kernel_source(spec: TileSpec) -> str:
               f"oy = trow * {TS}",
               f"ox = (tile - trow * tiles_x) * {TS}")
         e("c = plane - (plane // C) * C")
-        if _tap_columns(geo):
-            _emit_fold_weights(e, spec, tap_columns=geo.level_taps, base_pitch=_base_pitch(K))
-        else:
-            _emit_fold_weights(e, spec)
+        if P > 1:  # one group folds the channel's taps; the first barrier publishes them
+            e("if wp == 0:")
+        with e.indent() if P > 1 else nullcontext():
+            if _tap_columns(geo):
+                _emit_fold_weights(e, spec, tap_columns=geo.level_taps,
+                                   base_pitch=_base_pitch(K), array=_taps(spec))
+            else:
+                _emit_fold_weights(e, spec, array=_taps(spec))
         if spec.coarse:
             _emit_coarse_loads(e, spec)
         if spec.height:
@@ -852,7 +905,15 @@ def tile_kernel_source(spec: TileSpec) -> str:
         _emit_tile_output(e, spec, geo, "grad_in" if spec.backward else "y")  # dx, or y
         if spec.backward:
             _emit_tile_weight_gradients(e, spec, geo)
+    if P > 1:  # every access but the taps' is to this plane's buffer
+        return re.sub(r"(?<![\w.])S\[", "S[so + ", e.text())
     return e.text()
+
+
+def _taps(spec: TileSpec) -> str:
+    """The name the kernel reads and writes its folded taps through: ``T`` in a block of
+    several planes (the block's one copy), else ``S``."""
+    return "T" if spec.planes > 1 else "S"
 
 
 def _grid_index(geo: TileGeometry, grids: tuple, i: int, row: str, col: str) -> str:
@@ -1061,7 +1122,7 @@ def _emit_tile_strips(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int, Q:
     With ``add_coarse`` the LL subband's sums are added to the values parked
     in its place (:func:`_emit_coarse_stores`).
     """
-    K, NT, K2 = spec.kernel_size, spec.threads, spec.kernel_size ** 2
+    K, NT, K2, T = spec.kernel_size, spec.threads, spec.kernel_size ** 2, _taps(spec)
     n, off, src, ph, pitch, zo, wb = _level_layout(spec, geo, j)
     e(f"# level {j}: {n} x {n} coefficients, strips of {Q} rows")
     with _strip_items(e, n, Q, NT, pitch):
@@ -1082,8 +1143,8 @@ def _emit_tile_strips(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int, Q:
                     e(f"wr = {wb} + dx", "col = base + dx")
                 for k in range(4):
                     for dy in range(K):
-                        e(f"w{k}_{dy} = S[{wb + dx * 4 * K + k * K + dy}]" if columns
-                          else f"w{k}_{dy} = S[wr + {k * K2 + dy * K}]")
+                        e(f"w{k}_{dy} = {T}[{wb + dx * 4 * K + k * K + dy}]" if columns
+                          else f"w{k}_{dy} = {T}[wr + {k * K2 + dy * K}]")
                 for r in range(Q + K - 1):
                     _butterfly(e, "u", "", f"col + {r * pitch}", str(ph))
                     for i in range(Q):
@@ -1121,7 +1182,8 @@ def _emit_tile_singles(e: _Emitter, spec: TileSpec, geo: TileGeometry, j: int,
         e(f"wk = {wb} + k * {K if columns else K2}", "acc = fz", f"for dx in range({K}):")
         with e.indent():
             for dy in range(K):
-                tap = f"S[wk + dx * {4 * K} + {dy}]" if columns else f"S[wk + {dy * K} + dx]"
+                tap = (f"{_taps(spec)}[wk + dx * {4 * K} + {dy}]" if columns
+                       else f"{_taps(spec)}[wk + {dy * K} + dx]")
                 e(f"p = base + {dy * pitch} + dx", f"acc += {tap} * ({band})")
         if add_coarse:
             e("if k == 0:", f"    acc += S[{zo} + q]")
@@ -1358,7 +1420,7 @@ def _emit_tile_output(e: _Emitter, spec: TileSpec, geo: TileGeometry, out: str) 
         checks = ["py < H", "px < W"]
     inside = " and ".join(checks)
     e("# output: base convolution + level-1 synthesis + bias",
-      f"bias = S[{bias}]", f"obase = plane * {Hp} * {Wp}")
+      f"bias = {_taps(spec)}[{bias}]", f"obase = plane * {Hp} * {Wp}")
     with _strip_items(e, n1, Q, NT, pitch0):
         e(f"rowbase = {geo.grids[0]} + (qy0 + {H0 // 2}) * {pitch0} + qx + {H0 // 2}")
         e(", ".join(f"acc{o}_{ex}" for o in rows for ex in (0, 1)) + " = "
@@ -1373,8 +1435,8 @@ def _emit_tile_output(e: _Emitter, spec: TileSpec, geo: TileGeometry, out: str) 
                 e(f"wu = ({u}) + {P}")
             for ex in used:
                 for dy in range(K):
-                    e(f"w{ex}_{dy} = S[{(u + P - ex) * _base_pitch(K) + dy}]" if columns
-                      else f"w{ex}_{dy} = S[wu + {dy * K - ex}]")
+                    e(f"w{ex}_{dy} = {_taps(spec)}[{(u + P - ex) * _base_pitch(K) + dy}]"
+                      if columns else f"w{ex}_{dy} = {_taps(spec)}[wu + {dy * K - ex}]")
             for t in range(-P, 2 * Q + P):
                 e(f"v = S[colbase + {(t & 1) * 2 * ph0 + (t >> 1) * pitch0}]")
                 for o in rows:

@@ -1,0 +1,103 @@
+"""Several planes of one channel a block for the forward tiles over their whole plane
+(``TileSpec.planes``, ``Tuning(tile_planes=...)``).
+
+The planner and the generated source are checked anywhere; the kernels run in numba's
+CUDA simulator (shared memory poisoned with NaN) against the float64 oracle and bit for
+bit against one plane a block: each plane's sums are the same, only where its buffer
+lies and who folds the taps change.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+from wtconv_cuda import reference
+from wtconv_cuda.kernels.compiler import spec_from_repr
+from wtconv_cuda.kernels.launch import Problem, Tuning, plan_split, run_forward
+from wtconv_cuda.kernels.tiles import (
+    TileSpec, plane_floats, shared_floats, spec_geometry, tile_kernel_source,
+)
+
+from ._backends import RecordingBackend
+from ._oracle import random_layer
+from .test_plane_load import nan_shared  # noqa: F401  (a fixture)
+
+simulator = pytest.mark.skipif(os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
+                               reason="needs numba's CUDA simulator")
+LIMIT = 227 * 1024 - 1024
+STAGE28 = TileSpec(5, "float32", 2, 32, 32, 4, 120, coarse=True, height=28, width=28)
+
+
+def test_planner_puts_planes_of_one_channel_in_a_block():
+    """At the 28 x 28 stage: four planes a block, a quarter of the blocks, the taps once
+    and a data buffer per plane; one plane a block by default, and where ``B`` is not a
+    multiple of the planes."""
+    stage = Problem(64, 192, 28, 28, 5, 4, 1, "float32", True)
+    one = plan_split(stage, LIMIT).tiles
+    four = plan_split(stage, LIMIT, Tuning(tile_planes=4)).tiles
+    assert one.spec.planes == 1 and four.spec == one.spec._replace(planes=4)
+    assert (four.grid, four.block) == (one.grid // 4, 4 * one.block)
+    geo = spec_geometry(one.spec)
+    assert four.shared_bytes == 4 * shared_floats(four.spec) == 4 * (
+        geo.ntaps + 4 * plane_floats(four.spec))
+    assert one.shared_bytes == 4 * shared_floats(one.spec) == 4 * geo.floats
+    assert plane_floats(four.spec) % 4 == 0 and plane_floats(four.spec) >= geo.floats - geo.ntaps
+    odd_batch = stage._replace(batch=62)
+    assert plan_split(odd_batch, LIMIT, Tuning(tile_planes=4)).tiles.spec.planes == 1
+
+
+def test_planes_need_a_forward_tile_over_its_whole_plane():
+    for spec in (STAGE28._replace(planes=2, height=0, width=0),
+                 STAGE28._replace(planes=2, backward=True, height=0, width=0, coarse=False),
+                 TileSpec(5, "float32", 2, 56, 128, 7, 128, inner_levels=3, height=56,
+                          width=56, planes=2),
+                 STAGE28._replace(planes=0)):
+        with pytest.raises(ValueError):
+            tile_kernel_source(spec)
+
+
+def test_source_of_a_block_of_planes():
+    """One copy of the taps (``T``, folded by group 0); every other access offset by the
+    group's buffer (``so``); one plane a block generates what it did before the field."""
+    four = tile_kernel_source(STAGE28._replace(planes=4))
+    assert "T = S" in four and f"so = wp * {plane_floats(STAGE28)}" in four
+    assert "if wp == 0:" in four and "plane = (cb * 4 + wp) * C + (bid - cb * C)" in four
+    body = four.split("bid = int64(cuda.blockIdx.x)")[1]
+    assert "S[" in body and all(part.startswith("so + ") for part in body.split("S[")[1:])
+    assert "T[" in body
+    one = tile_kernel_source(STAGE28)
+    assert "T[" not in one and "so" not in one.split()
+
+
+def test_repr_leaves_out_one_plane():
+    """Variant names and PTX cache keys of one plane a block are what they were."""
+    assert "planes" not in repr(STAGE28)
+    assert repr(STAGE28).endswith("height=28, width=28)")
+    four = STAGE28._replace(planes=4)
+    assert repr(four).endswith("width=28, planes=4)")
+    for spec in (STAGE28, four):
+        assert spec_from_repr(repr(spec)) == spec
+
+
+@simulator
+@pytest.mark.parametrize("shape,levels,k,storage,tuning", [
+    ((4, 3, 28, 28), 4, 5, "float32", Tuning(split=2, tile=32, threads=32)),  # the stage's
+    ((4, 2, 13, 15), 2, 3, "float16", Tuning(tiles=True, tile=16, threads=32)),
+])
+def test_planes_give_the_same_bits(rng, nan_shared, shape, levels, k, storage, tuning):  # noqa: F811
+    x, wts, weights, problem = random_layer(rng, shape, levels, k, 1, storage, True)
+    outputs = []
+    for planes in (1, 2, 4):
+        backend = RecordingBackend()
+        y = np.full(shape, np.nan, x.dtype)
+        run_forward(backend, problem, x, y, weights, tuning._replace(tile_planes=planes))
+        tiles = [spec for spec in backend.kernels if isinstance(spec, TileSpec)]
+        assert [spec.planes for spec in tiles] == [planes]
+        outputs.append(y)
+    want = reference.forward(x.astype(np.float64), wts, levels, 1)
+    assert np.isfinite(outputs[0]).all()
+    tol = 2e-6 if storage == "float32" else 2e-3
+    assert np.linalg.norm(outputs[0] - want) / np.linalg.norm(want) < tol
+    for y in outputs[1:]:
+        np.testing.assert_array_equal(y.view(np.uint8), outputs[0].view(np.uint8))
