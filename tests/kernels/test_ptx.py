@@ -65,6 +65,9 @@ SPECS = textwrap.dedent("""
     # (32-pixel tiles of 32 threads, fed by the pre-pass), the 56 x 56 inner levels.
     specs += [TileSpec(5, "float32", 2, 32, 32, 4, 128, coarse=True, height=28, width=28),
               TileSpec(5, "float32", 2, 56, 128, 7, 128, inner_levels=3, height=56, width=56)]
+    # ... the 28 x 28 split's tile with four planes of a channel a block (TileSpec.planes).
+    specs += [TileSpec(5, "bfloat16", 2, 32, 32, 4, 128, coarse=True, height=28, width=28,
+                       planes=4)]
     # A backward block that writes the gradients itself (fused finalize), from scratch.
     specs += [PlaneSpec(5, "bfloat16", 1, 1, True, True, 128, 1, 128, 1, False, True)]
     # The register kernel: the ConvNeXt-T 7 x 7 stage's default (no spills at its cap),
