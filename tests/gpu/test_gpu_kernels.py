@@ -254,6 +254,21 @@ def test_split_matches_oracle(shape, levels, k, split, tile, storage):
 
 
 @pytest.mark.parametrize("storage", list(DTYPES))
+@pytest.mark.parametrize("planes", [2, 4, 16])
+def test_tile_planes_match_one_plane_a_block(planes, storage):
+    """The 28 x 28 stage's split with several planes of a channel a block
+    (``Tuning(tile_planes=...)``): the oracle, and bit for bit one plane a block."""
+    if 5 not in KERNEL_SIZES:
+        pytest.skip("K = 5 runs in another GPU process")
+    shape, levels = (32, 48, 28, 28), 4
+    problem = Problem(*shape, 5, levels, 1, storage, True)
+    plan = plan_split(problem, backend().shared_limit, Tuning(tile_planes=planes))
+    assert plan.tiles.spec.planes == planes
+    ys = [check_forward(shape, levels, 5, storage, Tuning(tile_planes=p)) for p in (planes, 1)]
+    assert bool(cupy.array_equal(ys[0], ys[1]))
+
+
+@pytest.mark.parametrize("storage", list(DTYPES))
 @pytest.mark.parametrize("shape,levels,tile,split", [((2, 4, 257, 300), 5, 64, 2),
                                                      ((32, 48, 28, 28), 4, 32, 2),
                                                      ((64, 384, 14, 14), 3, 16, 1)])
