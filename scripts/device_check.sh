@@ -68,6 +68,10 @@
 #              kernel at 8x64x256x256 in fp16 ($TILEDTYPE_SHAPES)     (~4 min cold)
 #   tileprofile  ncu occupancy, warp states, stall reasons and instruction counts of
 #              the tiled forward and backward at 8x128x512x512, L1 and L3 (~2 min)
+#   tileplanes several planes of one channel a block for the 28 x 28 split's tile
+#              (Tuning.tile_planes): its GPU tests, then tile_bench.py at 64x192x28x28, L4,
+#              split at 2, with 1, 2, 4, 8 and 16 planes a block ($TILEPLANES_VARIANTS:
+#              tile_bench variants)                                  (~3 min cold)
 #   stageprofile the same for the split forward's tile kernel at the ConvNeXt-T stages
 #              28 (L4) and 56 (L5), fp32, plus ncu's pipe utilisation: is it bound by
 #              issue, by latency or by shared-memory instructions? ($STAGEPROFILE_SHAPES:
@@ -350,6 +354,20 @@ run_stageprofile() {
     && rm -f "$OUT"/stageprofile_*.csv "$OUT"/stageprofile_*.err
 }
 
+run_tileplanes() {
+  echo "== planes of one channel a block, 28 x 28 split tile (TileSpec.planes)"
+  WTCONV_TEST_GPU=1 WTCONV_TEST_KS=5 timeout 300 python3 -m pytest -q -p no:cacheprovider \
+    -p no:benchmark tests/gpu/test_gpu_kernels.py -k tile_planes >"$OUT/gpu_tileplanes.log" 2>&1
+  local rc=$?
+  tail -n 3 "$OUT/gpu_tileplanes.log"
+  local variants=${TILEPLANES_VARIANTS:-"32:32:4:120:0:1 32:32:4:120:0:2 32:32:4:120:0:4 \
+    32:32:4:120:0:8 32:32:4:120:0:16"}
+  # shellcheck disable=SC2086  # a list of variants
+  timeout 300 python3 benchmarks/tile_bench.py --configs 64x192x28x28:4 --splits 2 --no-plane \
+    --variants $variants --json "$OUT/tileplanes.json" 2>&1 | tee "$OUT/tileplanes.log" || rc=1
+  return $rc
+}
+
 run_tiles() {
   # The tiled kernels: their oracle tests (every K of TEST_KS, all dtypes), then
   # benchmarks/tile_bench.py over the paper grid ($TILE_ARGS), plane kernel
@@ -621,7 +639,7 @@ print(*sorted({f"{h}x{w}:{lv}" for _, _, h, w, lv, _ in CONFIGS}))')
 
 for phase in "${phases[@]}"; do
   case "$phase" in
-    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|fwdhost|torchstep|stepprofile|tiles|tileprofile|stageprofile|split|registers|ab|bwdprofile|hotspots|tilehotspots|lanes|lanehotspots|tiledtypes)
+    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|fwdhost|torchstep|stepprofile|tiles|tileplanes|tileprofile|stageprofile|split|registers|ab|bwdprofile|hotspots|tilehotspots|lanes|lanehotspots|tiledtypes)
       "run_$phase" || status=1 ;;
     *) echo "unknown phase: $phase"; status=2 ;;
   esac
