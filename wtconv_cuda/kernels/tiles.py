@@ -790,7 +790,8 @@ def tile_kernel_source(spec: TileSpec) -> str:
     ValueError
         An even or non-positive kernel size, an unknown storage, a bad tile
         edge (see :func:`tile_geometry`), a strip that does not divide the
-        level-1 tile edge, or fewer than 32 threads.
+        level-1 tile edge, fewer than 32 threads, or ``planes`` above 1 in
+        anything but a forward tile over its whole plane without inner levels.
     """
     K, L, TS, NT, Q = spec.kernel_size, spec.levels, spec.tile, spec.threads, spec.strip
     if K < 1 or K % 2 == 0:
@@ -810,8 +811,9 @@ def tile_kernel_source(spec: TileSpec) -> str:
         raise ValueError(f"strip must divide the level-1 tile edge {TS // 2}, got {Q}")
     if NT < 32 or NT % 32:
         raise ValueError(f"threads must be a positive multiple of 32, got {NT}")
-    P = spec.planes
-    if P < 1 or (P > 1 and not (spec.height and not spec.backward and not spec.inner_levels)):
+    planes = spec.planes
+    if planes < 1 or (planes > 1 and not (spec.height and not spec.backward
+                                          and not spec.inner_levels)):
         raise ValueError("planes above 1 need a forward tile over its whole plane without "
                          f"inner levels, got {spec}")
 
@@ -825,7 +827,7 @@ def tile_kernel_source(spec: TileSpec) -> str:
     source = "grad_out" if spec.backward else "x"  # dy, or x
     with e.indent():
         e("S = cuda.shared.array(0, dtype=float32)")
-        if P > 1:  # S[so + i]: this plane's word i (i >= the taps); T[i]: tap i
+        if planes > 1:  # S[so + i]: this plane's word i (i >= the taps); T[i]: tap i
             e("T = S",
               f"wp = {_floor_div('int64(cuda.threadIdx.x)', NT)}",
               f"tid = int64(cuda.threadIdx.x) - wp * {NT}",
@@ -837,9 +839,10 @@ def tile_kernel_source(spec: TileSpec) -> str:
           f"L = {L}",
           "sb = int64(0)",
           "bid = int64(cuda.blockIdx.x)")
-        if P > 1:
-            e(f"# block -> {P} planes of channel bid % C, batch entries (bid // C) * {P} + wp",
-              "cb = bid // C", f"plane = (cb * {P} + wp) * C + (bid - cb * C)",
+        if planes > 1:
+            e(f"# block -> {planes} planes of channel bid % C, batch entries "
+              f"(bid // C) * {planes} + wp",
+              "cb = bid // C", f"plane = (cb * {planes} + wp) * C + (bid - cb * C)",
               "oy = int64(0)", "ox = int64(0)")
         elif spec.height:
             e("# block -> plane (one tile per plane)", "plane = bid", "oy = int64(0)",
@@ -852,9 +855,9 @@ def tile_kernel_source(spec: TileSpec) -> str:
               f"oy = trow * {TS}",
               f"ox = (tile - trow * tiles_x) * {TS}")
         e("c = plane - (plane // C) * C")
-        if P > 1:  # one group folds the channel's taps; the first barrier publishes them
+        if planes > 1:  # one group folds the channel's taps; the first barrier publishes them
             e("if wp == 0:")
-        with e.indent() if P > 1 else nullcontext():
+        with e.indent() if planes > 1 else nullcontext():
             if _tap_columns(geo):
                 _emit_fold_weights(e, spec, tap_columns=geo.level_taps,
                                    base_pitch=_base_pitch(K), array=_taps(spec))
@@ -905,7 +908,7 @@ def tile_kernel_source(spec: TileSpec) -> str:
         _emit_tile_output(e, spec, geo, "grad_in" if spec.backward else "y")  # dx, or y
         if spec.backward:
             _emit_tile_weight_gradients(e, spec, geo)
-    if P > 1:  # every access but the taps' is to this plane's buffer
+    if planes > 1:  # every access but the taps' is to this plane's buffer
         return re.sub(r"(?<![\w.])S\[", "S[so + ", e.text())
     return e.text()
 
