@@ -14,6 +14,10 @@ that shape issues (fp32, as planned on this GPU): the last of them computes
 the weight gradients, so ``--kernel-name regex:wtconv_plane --launch-skip
 $((4 * n - 1))`` selects it in the fourth (measured) backward.
 
+An argument ``tile_planes=P`` runs the forward tiles over their whole plane with ``P``
+planes of one channel a block (``TileSpec.planes``; the split at 28 x 28), as the
+planner's default.
+
 An argument ``lanes=1``, ``lanes=2`` or ``lanes=2,4`` (threads a plane of the
 weight gradients, then of the forwards) turns the lane kernels on for the
 forward and the backward (:mod:`wtconv_cuda.kernels.lanes`) for every plane they take;
@@ -82,11 +86,20 @@ def use_lanes(threads: str) -> None:
     launch.clear_plan_caches()
 
 
+def use_tile_planes(planes: str) -> None:
+    """``planes`` planes of one channel a block for the whole-plane forward tiles."""
+    from wtconv_cuda.kernels import launch
+
+    launch.TILE_PLANES = int(planes)
+    launch.clear_plan_caches()
+
+
 def main():
     b, c, h, w, levels, k = (int(v) for v in sys.argv[1:7])
-    mode = [arg for arg in sys.argv[7:] if not arg.startswith("lanes=")]
+    mode = [arg for arg in sys.argv[7:] if not arg.startswith(("lanes=", "tile_planes="))]
     for arg in set(sys.argv[7:]) - set(mode):
-        use_lanes(arg[len("lanes="):])
+        name, _, value = arg.partition("=")
+        (use_lanes if name == "lanes" else use_tile_planes)(value)
     if mode == ["plane-launches"]:
         print(plane_launches(b, c, h, w, levels, k))
         return

@@ -54,7 +54,8 @@
 #   tilehotspots  the same for the split forward's tile kernel (wtconv_tile) at the
 #              ConvNeXt-T stages 56 (L5) and 28 (L4), fp32: the inference target's
 #              kernel, loop by loop; TILEHOT_SHAPES="BxCxHxWxLxK ..." picks other
-#              stages                                              (~2 min cold)
+#              stages, TILEHOT_ARGS="tile_planes=16" runs the 28 x 28 tile with 16
+#              planes a block                                      (~2 min cold)
 #   lanes      the lane kernels (weight gradients and forward, a plane to one or two
 #              threads): their GPU tests, then benchmarks/lanes_ab.py against the
 #              default kernels at the 14 x 14 stage ($LANES_SHAPES; $LANES_SETTINGS
@@ -296,8 +297,10 @@ run_tilehotspots() {
   for shape in $shapes; do
     shape=${shape//x/ }
     # ncu_target.py's forward mode runs three forwards; the third one's tiles are measured
+    # ($TILEHOT_ARGS: ncu_target.py options, e.g. tile_planes=16)
     # shellcheck disable=SC2086  # a shape is a list of arguments
-    hotspot_run "tile_${shape// /x}" wtconv_tile 2 forward $shape || rc=1
+    hotspot_run "tile_${shape// /x}${TILEHOT_ARGS:+_${TILEHOT_ARGS//[= ]/}}" wtconv_tile 2 \
+      forward $shape ${TILEHOT_ARGS:-} || rc=1
   done
   return $rc
 }

@@ -101,3 +101,19 @@ def test_planes_give_the_same_bits(rng, nan_shared, shape, levels, k, storage, t
     assert np.linalg.norm(outputs[0] - want) / np.linalg.norm(want) < tol
     for y in outputs[1:]:
         np.testing.assert_array_equal(y.view(np.uint8), outputs[0].view(np.uint8))
+
+
+def test_module_default_reaches_the_planner(monkeypatch):
+    """``TILE_PLANES`` (what ``benchmarks/ncu_target.py tile_planes=P`` sets) is the
+    planner's default where the tuning leaves ``tile_planes`` unset."""
+    from wtconv_cuda.kernels import launch
+    stage = Problem(64, 192, 28, 28, 5, 4, 1, "float32", True)
+    monkeypatch.setattr(launch, "TILE_PLANES", 16)
+    launch.clear_plan_caches()
+    try:
+        assert plan_split(stage, LIMIT).tiles.spec.planes == 16
+        assert plan_split(stage, LIMIT, Tuning(tile_planes=2)).tiles.spec.planes == 2
+    finally:
+        monkeypatch.undo()
+        launch.clear_plan_caches()
+    assert plan_split(stage, LIMIT).tiles.spec.planes == 1

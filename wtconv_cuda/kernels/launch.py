@@ -197,7 +197,7 @@ class Tuning(NamedTuple):
         A forward on tiles over their whole plane without inner levels (the
         28 x 28 stage's split) runs this many planes of one channel a block
         (``TileSpec.planes``), where ``B`` is a multiple of it and the block's
-        buffer fits; None or 1: one plane a block.
+        buffer fits; None: `TILE_PLANES` (1).
     """
 
     threads: int | None = None
@@ -558,6 +558,11 @@ TILE_THREADS = 128
 #: 8 x 128 x 512 x 512, K 5, L 3 on an H200, 256 threads took 12.2 ms, 128
 #: took 14.3 ms and 512 12.3 ms (``benchmarks/tile_bench.py --backward``).
 TILE_SOLO_THREADS = 256
+#: Planes of one channel a block of a forward tile over its whole plane without inner
+#: levels (``TileSpec.planes``) where ``Tuning.tile_planes`` is None. 1 until timed
+#: (``scripts/device_check.sh tileplanes``); ``benchmarks/ncu_target.py`` sets it to
+#: profile the default planner's launches with more.
+TILE_PLANES = 1
 #: Most pixels of ``x`` a tile may load per output pixel (the halo's cost).
 TILE_MAX_READ = 2.3
 #: Smallest plane, in pixels, that the tiles take by default when the plane
@@ -867,7 +872,7 @@ def whole_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
     if sizes[0]:  # the rules above read the general halos; a whole plane needs less
         shared_bytes = 4 * spec_geometry(spec).floats
     grid = p.batch * p.channels * ntiles
-    planes = tuning.tile_planes or 1
+    planes = tuning.tile_planes or TILE_PLANES
     if sizes[0] and planes > 1 and p.batch % planes == 0:  # planes of one channel a block
         several = spec._replace(planes=planes)
         if 4 * shared_floats(several) <= shared_limit:
