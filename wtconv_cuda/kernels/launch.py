@@ -821,8 +821,8 @@ def whole_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
     shared_limit : int
         Bytes of dynamic shared memory a block may use.
     tuning : Tuning, optional
-        ``tiles``, ``tile``, ``threads``, ``strip`` and ``max_registers``
-        are read.
+        ``tiles``, ``tile``, ``threads``, ``strip``, ``max_registers`` and
+        (a forward with one tile per plane) ``tile_planes`` are read.
     backward : bool, default False
         Plan the backward (``dx``, then per-tile weight-gradient partials for
         ``wtconv_finalize``) instead of the forward.
