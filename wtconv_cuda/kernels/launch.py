@@ -869,15 +869,14 @@ def whole_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
     sizes = (p.height, p.width) if ntiles == 1 and not backward else (0, 0)
     spec = TileSpec(p.kernel_size, p.storage, p.levels, edge, threads, strip, max_registers,
                     backward=backward, height=sizes[0], width=sizes[1])
-    if sizes[0]:  # the rules above read the general halos; a whole plane needs less
-        shared_bytes = 4 * spec_geometry(spec).floats
     grid = p.batch * p.channels * ntiles
     planes = tuning.tile_planes or TILE_PLANES
     if sizes[0] and planes > 1 and p.batch % planes == 0:  # planes of one channel a block
         several = spec._replace(planes=planes)
         if 4 * shared_floats(several) <= shared_limit:
-            spec, shared_bytes = several, 4 * shared_floats(several)
-            grid, threads = grid // planes, threads * planes
+            spec, grid, threads = several, grid // planes, threads * planes
+    if sizes[0]:  # the rules above read the general halos; a whole plane needs less
+        shared_bytes = 4 * shared_floats(spec)
     if not backward:
         return TileLaunch(spec, grid, threads, shared_bytes, tiles_x, ntiles)
     ntaps = p.kernel_size ** 2 * (1 + 4 * p.levels) + 1

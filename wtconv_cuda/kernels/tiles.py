@@ -858,11 +858,9 @@ def tile_kernel_source(spec: TileSpec) -> str:
         if planes > 1:  # one group folds the channel's taps; the first barrier publishes them
             e("if wp == 0:")
         with e.indent() if planes > 1 else nullcontext():
-            if _tap_columns(geo):
-                _emit_fold_weights(e, spec, tap_columns=geo.level_taps,
-                                   base_pitch=_base_pitch(K), array=_taps(spec))
-            else:
-                _emit_fold_weights(e, spec, array=_taps(spec))
+            columns = _tap_columns(geo)
+            _emit_fold_weights(e, spec, tap_columns=geo.level_taps if columns else 0,
+                               base_pitch=_base_pitch(K) if columns else 0, array=_taps(spec))
         if spec.coarse:
             _emit_coarse_loads(e, spec)
         if spec.height:
