@@ -84,6 +84,11 @@ SPECS = textwrap.dedent("""
                         weights_only=True, plane=(14, 14, 3)),
               PlaneSpec(5, "float16", 1, 1, True, False, 64, 2, 128, 2, False, False,
                         weights_only=True, plane=(28, 28, 4))]
+    # ... and on register blocks (PlaneSpec.blocked): the 56 x 56 launch and a 16-bit 28 x 28 one.
+    specs += [PlaneSpec(5, "float32", 1, 1, True, False, 128, 4, 128, 1, False, False,
+                        weights_only=True, plane=(56, 56, 5), blocked=True),
+              PlaneSpec(5, "float16", 1, 1, True, False, 64, 2, 128, 2, False, False,
+                        weights_only=True, plane=(28, 28, 4), blocked=True)]
     specs += [FlipSpec(storage, k) for k in (1, 5) for storage in ("float32", "float16",
                                                                    "bfloat16")]
     # The lane kernels (weight gradients and forward, a plane to one, two or four threads): odd
@@ -108,9 +113,13 @@ def allowed_local_bytes(spec) -> int:
     shared memory. The plane kernel's backward at the 128-register cap spills 8-64 B at
     K 5 (the ConvNeXt-T stages' defaults among them; the H200 driver's own compiler
     reported no local memory for them in an earlier session), and the global-scratch
-    variants 8-392 B. A variant beyond these bounds fails the test.
+    variants 8-392 B. The register-blocked weights-only variants (``blocked``) keep
+    none: a spill there would sit in their multiply-add blocks. A variant beyond these
+    bounds fails the test.
     """
     from wtconv_cuda.kernels.codegen import PlaneSpec
+    if isinstance(spec, PlaneSpec) and spec.blocked:
+        return 0
     if isinstance(spec, PlaneSpec) and spec.scratch:
         return 512
     if isinstance(spec, PlaneSpec) and spec.backward and spec.max_registers:
@@ -131,11 +140,14 @@ def test_local_memory_bounds():
     from wtconv_cuda.kernels.tiles import TileSpec
     tile = repr(TileSpec(5, "float32", 1, 64, 128, 4, 128))
     capped = repr(PlaneSpec(5, "float32", 1, 1, True, False, 16, 1, 128, 16, True, True))
-    usage = {tile: [95, 0, False], capped: [128, 48, False]}
+    blocked = repr(PlaneSpec(5, "float32", 1, 1, True, False, 128, 4, 128, 1, False, False,
+                             weights_only=True, plane=(56, 56, 5), blocked=True))
+    usage = {tile: [95, 0, False], capped: [128, 48, False], blocked: [128, 0, False]}
     assert local_memory_over_bounds(usage) == {}
     usage[tile] = [128, 8, False]
     usage[capped] = [128, 96, False]
-    assert local_memory_over_bounds(usage) == {tile: 8, capped: 96}
+    usage[blocked] = [128, 8, False]
+    assert local_memory_over_bounds(usage) == {tile: 8, capped: 96, blocked: 8}
 
 
 @pytest.mark.ptx_background

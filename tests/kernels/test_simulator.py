@@ -30,12 +30,13 @@ DTYPES = {"float32": (np.float32, 2e-6), "float16": (np.float16, 2e-3)}
 
 
 def run_layer(rng, shape, levels, k, stride, storage="float32", bias=True,
-              shared_limit=227 * 1024, tuning=Tuning()):
+              shared_limit=227 * 1024, tuning=Tuning(), backend=None):
     """Forward and backward in the simulator; returns errors against the oracle.
 
     The forward runs on the plane kernel (or the tiles) unless ``tuning.registers``
     says otherwise: the register kernel of tiny planes has its own tests
-    (``test_registers.py``).
+    (``test_registers.py``). ``backend`` (default: a new ``SimulatorBackend`` with
+    ``shared_limit``) runs the kernels.
     """
     if tuning.registers is None:
         tuning = tuning._replace(registers=False)
@@ -47,7 +48,7 @@ def run_layer(rng, shape, levels, k, stride, storage="float32", bias=True,
                              wts.base_bias if bias else wts.base_scale,
                              wts.base_scale, wts.wavelet_weight, wts.wavelet_scale)
     problem = Problem(b, c, h, w, k, levels, stride, storage, bias)
-    backend = SimulatorBackend(shared_limit=shared_limit)
+    backend = backend or SimulatorBackend(shared_limit=shared_limit)
     out_shape = (b, c, -(-h // stride), -(-w // stride))
     dy = rng.standard_normal(out_shape).astype(dtype)
     x_before, dy_before = x.copy(), dy.copy()

@@ -42,6 +42,7 @@ from typing import NamedTuple
 from .layout import (
     HEADER, HEADER_FIELDS, LEVEL_BASE, LEVEL_FIELDS, LEVEL_STRIDE, bias_index, plane_layout,
 )
+from .weight_blocks import emit_blocked_weight_gradients
 
 #: Storage dtypes the kernels read and write (accumulation is always float32).
 STORAGE = ("float32", "float16", "bfloat16")
@@ -99,6 +100,12 @@ class PlaneSpec(NamedTuple):
         with constant bounds, where they otherwise read ``geo`` in global
         memory on every level (loads, then 64-bit divisions by their
         values, then a barrier).
+    blocked : bool
+        ``plane`` variants only: the correlations on register blocks
+        (:mod:`wtconv_cuda.kernels.weight_blocks`): a thread owns a block of
+        ``dy`` values and all ``K * K`` taps, and the levels' subbands are
+        formed once, in place. Its partial-sum region may be larger
+        (``plane_layout(..., blocked=True)``).
     """
 
     kernel_size: int
@@ -115,6 +122,14 @@ class PlaneSpec(NamedTuple):
     fused_finalize: bool = False
     weights_only: bool = False
     plane: tuple = ()
+    blocked: bool = False
+
+    def __repr__(self) -> str:
+        """As a named tuple's, without ``blocked=False``: a variant's name, and the key of
+        its compiled PTX (:mod:`.compiler`), stay what they were before the field."""
+        fields = (f"{name}={value!r}" for name, value in zip(self._fields, self)
+                  if not (name == "blocked" and not value))
+        return f"PlaneSpec({', '.join(fields)})"
 
 
 #: Partials whose loads ``wtconv_finalize`` issues at once (one channel's
@@ -379,6 +394,8 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
         raise ValueError("weights_only needs a stride-1 backward variant")
     if spec.plane and not (spec.weights_only and len(spec.plane) == 3):
         raise ValueError(f"plane=(H, W, L) needs a weights_only variant, got {spec!r}")
+    if spec.blocked and not spec.plane:
+        raise ValueError(f"blocked needs a plane=(H, W, L) variant, got {spec!r}")
     e = _Emitter(_compiled_level_table(spec) if spec.plane else None)
 
     grads = "gw0, gb0, gs0, gww, gws, " if spec.fused_finalize else ""
@@ -464,11 +481,19 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
                     e("valid = first + grp < nunits and bq < B",
                       "plane = (bq if bq < B else B - 1) * C + c",
                       "cuda.syncthreads()")
+                    if spec.blocked:
+                        e("# tid derived from the plane: LLVM then keeps the pyramid's indices",
+                          "# and addresses inside the plane loop instead of hoisting them out,",
+                          "# live across the blocks' phases (ptxas spilled 248 B at 56 x 56).",
+                          f"tid = cuda.threadIdx.x - grp * {T} if plane >= 0 else int64(0)")
                     if spec.weights_only:
                         _emit_gradient_pyramid(e, spec)
                     else:
                         _emit_plane_pass(e, spec)
-                    _emit_weight_gradients(e, spec)
+                    if spec.blocked:
+                        emit_blocked_weight_gradients(e, spec)
+                    else:
+                        _emit_weight_gradients(e, spec)
                 if spec.fused_finalize:
                     _emit_block_finalize(e, spec)
                 else:
@@ -484,7 +509,7 @@ def _compiled_level_table(spec: PlaneSpec):
     """The level table a ``plane`` variant compiles in: the planner's, for the same plane."""
     height, width, levels = spec.plane
     return plane_layout(height, width, levels, spec.kernel_size, spec.strip, spec.threads,
-                        1, 1, True, True).geo
+                        1, 1, True, True, spec.blocked).geo
 
 
 #: Placeholder of a barrier that stays a block barrier in a ``warp_sync``

@@ -32,6 +32,7 @@ from .registers import MAX_PIXELS as REGISTER_MAX_PIXELS, RegisterSpec
 from .registers import shared_bytes as register_shared_bytes
 from .tiles import TileSpec, output_strip, shared_floats, spec_geometry, tile_geometry
 from .driver import driver_launch
+from .weight_blocks import blocked_plan
 from .layout import HEADER_FIELDS, plane_layout, with_problem
 
 MAX_THREADS = 256  # per block; a block holds several planes when they are small
@@ -198,6 +199,10 @@ class Tuning(NamedTuple):
         28 x 28 stage's split) runs this many planes of one channel a block
         (``TileSpec.planes``), where ``B`` is a multiple of it and the block's
         buffer fits; None: `TILE_PLANES` (1).
+    blocked_weights : bool or None
+        A ``weights_only`` plane backward correlates on register blocks
+        (``PlaneSpec.blocked``, :mod:`wtconv_cuda.kernels.weight_blocks`)
+        where its plan exists for the plane; None: `BLOCKED_WEIGHTS`.
     """
 
     threads: int | None = None
@@ -218,6 +223,13 @@ class Tuning(NamedTuple):
     lanes_forward: int | None = None
     lane_groups: int | None = None
     tile_planes: int | None = None
+    blocked_weights: bool | None = None
+
+
+#: Whether a ``weights_only`` plane backward takes the register-blocked correlations
+#: (``PlaneSpec.blocked``) where ``Tuning.blocked_weights`` is None. Off until timed
+#: (``scripts/device_check.sh blockedw``).
+BLOCKED_WEIGHTS = False
 
 
 #: Bytes per element of each storage dtype.
@@ -502,8 +514,9 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
     threads = tuning.threads or default.threads
     max_registers = default.max_registers if tuning.max_registers is None else tuning.max_registers
     weights_only = backward and dx_from_forward(p, shared_limit, max_slots, tuning)
+    blocked = weights_only and _blocked_weights(p, strip, threads, tuning)
     layout = plane_layout(p.height, p.width, p.levels, p.kernel_size, strip, threads,
-                          in_stride, out_stride, backward, weights_only)
+                          in_stride, out_stride, backward, weights_only, blocked)
     planes = p.batch * p.channels
     slot_bytes = 4 * layout.slot_floats
     scratch = slot_bytes > shared_limit
@@ -538,7 +551,8 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
                             dtype=np.int64)
             dims.setflags(write=False)
         if weights_only:  # dx: the forward kernels; the plane's level table compiled in
-            spec = spec._replace(weights_only=True, plane=(p.height, p.width, p.levels))
+            spec = spec._replace(weights_only=True, plane=(p.height, p.width, p.levels),
+                                 blocked=blocked)
     geo = with_problem(layout, p.channels, planes, p.has_bias, rb)
     geo.setflags(write=False)  # shared by every call through the plan cache
     header = tuple(np.int64(v) for v in geo[:len(HEADER_FIELDS)])
@@ -549,6 +563,15 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
                       geo, layout.ntaps, header, rb, units, upart, dims)
     return Launch(spec, blocks, threads * group, group * slot_bytes, 0, geo, layout.ntaps,
                   header, rb, units, upart, dims)
+
+
+def _blocked_weights(p: Problem, strip: int, threads: int, tuning: Tuning) -> bool:
+    """Whether a ``weights_only`` plan takes the register-blocked correlations: asked for
+    (``tuning.blocked_weights``, else `BLOCKED_WEIGHTS`) and planned for the plane."""
+    asked = BLOCKED_WEIGHTS if tuning.blocked_weights is None else tuning.blocked_weights
+    if not asked:
+        return False
+    return blocked_plan(p.height, p.width, p.levels, p.kernel_size, strip, threads) is not None
 
 
 #: Tile kernel defaults: output tile edge and threads per block.

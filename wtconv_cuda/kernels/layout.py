@@ -284,7 +284,8 @@ def bias_index(kernel_size: int, levels: int) -> int:
 @lru_cache(maxsize=256)
 def plane_layout(h: int, w: int, levels: int, kernel_size: int, strip: int,
                  threads: int, in_stride: int, out_stride: int,
-                 backward: bool, weights_only: bool = False) -> PlaneLayout:
+                 backward: bool, weights_only: bool = False,
+                 blocked: bool = False) -> PlaneLayout:
     """Lay out one plane's working buffer.
 
     Parameters
@@ -311,6 +312,10 @@ def plane_layout(h: int, w: int, levels: int, kernel_size: int, strip: int,
         Lay out the backward that computes the weight gradients alone: no
         folded weights, no subbands; region A holds the ``x`` pyramid and the
         ``dy`` pyramid follows it in halo-less gradient grids.
+    blocked : bool, default False
+        ``weights_only`` with the register-blocked correlations
+        (:mod:`wtconv_cuda.kernels.weight_blocks`): the partial-sum region
+        grows where their phases need more than the default phase.
 
     Returns
     -------
@@ -320,10 +325,13 @@ def plane_layout(h: int, w: int, levels: int, kernel_size: int, strip: int,
     Raises
     ------
     ValueError
-        ``weights_only`` without ``backward``.
+        ``weights_only`` without ``backward``, ``blocked`` without
+        ``weights_only``, or ``blocked`` for a plane without a blocked plan.
     """
     if weights_only and not backward:
         raise ValueError("weights_only is a backward layout")
+    if blocked and not weights_only:
+        raise ValueError("blocked is a weights_only layout")
     radius = (kernel_size - 1) // 2
     shapes = level_shapes(h, w, levels)
     hin, win = _ceil_div(h, in_stride), _ceil_div(w, in_stride)
@@ -378,6 +386,13 @@ def plane_layout(h: int, w: int, levels: int, kernel_size: int, strip: int,
         chunks0 = row_chunks(h, kernel_size, threads)
         partial = max(kernel_size * chunks0 * kernel_size + chunks0,
                       taps.items * 4 * kernel_size)
+        if blocked:
+            from .weight_blocks import blocked_plan
+            plan = blocked_plan(h, w, levels, kernel_size, strip, threads)
+            if plan is None:
+                raise ValueError(f"no register-blocked plan for a {h} x {w} plane, L {levels}, "
+                                 f"K {kernel_size}, {threads} threads")
+            partial = max(partial, plan.partial_floats)
         slot = max(slot, p_off + partial)
 
     ntaps = kernel_size * kernel_size + 1 + 4 * levels * kernel_size * kernel_size
