@@ -18,7 +18,10 @@ such shapes ``plane`` is the register kernel; ``reg32`` / ``reg64``: the registe
 kernel's blocks of 32 or 64 threads instead of ``REGISTER_THREADS``; ``default``: the
 rules as they stand; ``groups1`` / ``groups2``: those with at most one or two groups
 of planes per lane block, ``LANE_GROUPS_MAX``: with one, 16-bit 14 x 14 planes fall
-back to one thread a plane within the partials' bound, with two they keep two) for ``--rounds`` rounds, plan and program caches
+back to one thread a plane within the partials' bound, with two they keep two;
+``blocked``: the default rules with the weights-only plane kernel's correlations on
+register blocks, ``BLOCKED_WEIGHTS``, at the planes the lane kernel does not take:
+the 56 x 56 and 28 x 28 stages) for ``--rounds`` rounds, plan and program caches
 cleared at every switch, kernels compiled beforehand, and prints in us the
 median over ``--repeats`` calls with rotating inputs of ``fwd`` and ``step``
 (events around one forward, or one forward and backward, after the GPU went
@@ -48,34 +51,38 @@ from split_threshold import (
     DTYPES, add_common_options, layer_calls, make_inputs, parse_shape, time_round,
 )
 #: setting -> (LANES_MAX_PIXELS, LANES_DEFAULT, LANES_FORWARD_MAX_PIXELS,
-#: LANES_FORWARD_DEFAULT, REGISTER_MAX_PIXELS, REGISTER_THREADS, LANE_GROUPS_MAX):
+#: LANES_FORWARD_DEFAULT, REGISTER_MAX_PIXELS, REGISTER_THREADS, LANE_GROUPS_MAX,
+#: BLOCKED_WEIGHTS):
 #: the weight gradients on the lane kernel (lanes1, lanes2), the forwards too (all1,
 #: all2; all4: the forwards with four threads a plane), the default rules with the
 #: register kernel off (noreg*; larger planes keep their kernels, so no 28 x 28 lane
 #: variant is built), the register kernel's smaller blocks (reg32, reg64), and the
 #: default rules as they stand (default) and with at most one or two groups of planes
 #: per lane block (groups1: 16-bit 14 x 14 planes then take one thread a plane;
-#: groups2: they keep two).
+#: groups2: they keep two), and the default rules with the weights-only plane kernel on
+#: register blocks (blocked; BLOCKED_WEIGHTS).
 _ALL = launch.LANES_FORCE_MAX_PIXELS
 _REG, _REG_THREADS = launch.REGISTER_MAX_PIXELS, launch.REGISTER_THREADS
 _LANES, _LANES_FWD = launch.LANES_MAX_PIXELS, launch.LANES_FORWARD_MAX_PIXELS
 _DEFAULT = (_LANES, launch.LANES_DEFAULT, _LANES_FWD, launch.LANES_FORWARD_DEFAULT, _REG,
-            _REG_THREADS, launch.LANE_GROUPS_MAX)
-SETTINGS = {"plane": (0, 2, 0, 2, _REG, _REG_THREADS, 1),
-            "lanes1": (_ALL, 1, 0, 2, _REG, _REG_THREADS, 1),
-            "lanes2": (_ALL, 2, 0, 2, _REG, _REG_THREADS, 1),
-            "all1": (_ALL, 1, _ALL, 1, _REG, _REG_THREADS, 1),
-            "all2": (_ALL, 2, _ALL, 2, _REG, _REG_THREADS, 1),
-            "all4": (_ALL, 2, _ALL, 4, _REG, _REG_THREADS, 1),
-            "noreg1": (_LANES, 2, _LANES_FWD, 1, 0, _REG_THREADS, 1),
-            "noreg2": (_LANES, 2, _LANES_FWD, 2, 0, _REG_THREADS, 1),
-            "noreg4": (_LANES, 2, _LANES_FWD, 4, 0, _REG_THREADS, 1),
-            "reg32": (0, 2, 0, 2, _REG, 32, 1), "reg64": (0, 2, 0, 2, _REG, 64, 1),
-            "default": _DEFAULT, "groups1": _DEFAULT[:-1] + (1,),
-            "groups2": _DEFAULT[:-1] + (2,)}
+            _REG_THREADS, launch.LANE_GROUPS_MAX, launch.BLOCKED_WEIGHTS)
+SETTINGS = {"plane": (0, 2, 0, 2, _REG, _REG_THREADS, 1, False),
+            "lanes1": (_ALL, 1, 0, 2, _REG, _REG_THREADS, 1, False),
+            "lanes2": (_ALL, 2, 0, 2, _REG, _REG_THREADS, 1, False),
+            "all1": (_ALL, 1, _ALL, 1, _REG, _REG_THREADS, 1, False),
+            "all2": (_ALL, 2, _ALL, 2, _REG, _REG_THREADS, 1, False),
+            "all4": (_ALL, 2, _ALL, 4, _REG, _REG_THREADS, 1, False),
+            "noreg1": (_LANES, 2, _LANES_FWD, 1, 0, _REG_THREADS, 1, False),
+            "noreg2": (_LANES, 2, _LANES_FWD, 2, 0, _REG_THREADS, 1, False),
+            "noreg4": (_LANES, 2, _LANES_FWD, 4, 0, _REG_THREADS, 1, False),
+            "reg32": (0, 2, 0, 2, _REG, 32, 1, False),
+            "reg64": (0, 2, 0, 2, _REG, 64, 1, False),
+            "default": _DEFAULT, "groups1": _DEFAULT[:-2] + (1, _DEFAULT[-1]),
+            "groups2": _DEFAULT[:-2] + (2, _DEFAULT[-1]),
+            "blocked": _DEFAULT[:-1] + (True,)}
 _RULES = ("LANES_MAX_PIXELS", "LANES_DEFAULT", "LANES_FORWARD_MAX_PIXELS",
           "LANES_FORWARD_DEFAULT", "REGISTER_MAX_PIXELS", "REGISTER_THREADS",
-          "LANE_GROUPS_MAX")
+          "LANE_GROUPS_MAX", "BLOCKED_WEIGHTS")
 #: The H200 backend's limits (CupyBackend: opt-in shared memory less 1 KB, two slots
 #: per multiprocessor), for --compile-only.
 H200_LIMITS = (227 * 1024 - 1024, 2 * 132)

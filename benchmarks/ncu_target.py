@@ -18,6 +18,9 @@ An argument ``tile_planes=P`` runs the forward tiles over their whole plane with
 planes of one channel a block (``TileSpec.planes``; the split at 28 x 28), as the
 planner's default.
 
+An argument ``blocked=1`` runs the weights-only plane backward on register blocks
+(``PlaneSpec.blocked``, ``launch.BLOCKED_WEIGHTS``) wherever they are planned.
+
 An argument ``lanes=1``, ``lanes=2`` or ``lanes=2,4`` (threads a plane of the
 weight gradients, then of the forwards) turns the lane kernels on for the
 forward and the backward (:mod:`wtconv_cuda.kernels.lanes`) for every plane they take;
@@ -94,12 +97,23 @@ def use_tile_planes(planes: str) -> None:
     launch.clear_plan_caches()
 
 
+def use_blocked(on: str) -> None:
+    """The weights-only plane backward on register blocks (``on``: "1") or not ("0")."""
+    from wtconv_cuda.kernels import launch
+
+    launch.BLOCKED_WEIGHTS = on == "1"
+    launch.clear_plan_caches()
+
+
+OPTIONS = {"lanes": use_lanes, "tile_planes": use_tile_planes, "blocked": use_blocked}
+
+
 def main():
     b, c, h, w, levels, k = (int(v) for v in sys.argv[1:7])
-    mode = [arg for arg in sys.argv[7:] if not arg.startswith(("lanes=", "tile_planes="))]
+    mode = [arg for arg in sys.argv[7:] if arg.partition("=")[0] not in OPTIONS]
     for arg in set(sys.argv[7:]) - set(mode):
         name, _, value = arg.partition("=")
-        (use_lanes if name == "lanes" else use_tile_planes)(value)
+        OPTIONS[name](value)
     if mode == ["plane-launches"]:
         print(plane_launches(b, c, h, w, levels, k))
         return

@@ -6,6 +6,8 @@
 #                                             LANES_SHAPES and LANES_SETTINGS as there)
 #   bash scripts/build_ptx_cache.sh bench    (python -m wtconv_cuda.bench's variants;
 #                                             BENCH_ARGS as in device_check.sh)
+#   bash scripts/build_ptx_cache.sh blocked  (the device_check.sh blockedw phase's A/B;
+#                                             BLOCKED_SHAPES as there)
 #
 # A fresh device machine starts with an empty kernel cache, and compiling the
 # oracle sweep's variants of one kernel size there takes most of a 10-minute
@@ -56,6 +58,12 @@ for k in "$@"; do
     env -u NUMBA_ENABLE_CUDASIM WTCONV_CUDA_CACHE="$PWD/$work" PYTHONPATH="$PWD" \
       "$venv/bin/python" benchmarks/lanes_ab.py --compile-only --jobs "$jobs" --dtypes fp32 bf16 \
       --shapes ${LANES_SHAPES:-64x384x14x14:3 32x384x14x14:3} "${settings[@]}" | tail -n 2
+  elif [ "$k" = blocked ]; then  # the blockedw phase's A/B (its shapes, fp32 and bf16)
+    # shellcheck disable=SC2086  # BLOCKED_SHAPES is a list of shapes
+    env -u NUMBA_ENABLE_CUDASIM WTCONV_CUDA_CACHE="$PWD/$work" PYTHONPATH="$PWD" \
+      "$venv/bin/python" benchmarks/lanes_ab.py --compile-only --jobs "$jobs" --dtypes fp32 bf16 \
+      --settings default blocked --shapes ${BLOCKED_SHAPES:-64x96x56x56:5 64x192x28x28:4} \
+      | tail -n 2
   elif [ "$k" = bench ]; then  # the user benchmark's variants (its grid and dtypes)
     # shellcheck disable=SC2086  # BENCH_ARGS is a list of options
     env -u NUMBA_ENABLE_CUDASIM WTCONV_CUDA_CACHE="$PWD/$work" PYTHONPATH="$PWD" \

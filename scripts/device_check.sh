@@ -50,7 +50,12 @@
 #   hotspots   ncu source counters of the weights-only plane backward at 56 and 28 (14:
 #              the lane kernels since c99cd67, see lanehotspots):
 #              warp samples, instructions and bank conflicts loop by loop of its
-#              SASS (benchmarks/sass_hotspots.py)              (~2 min cold)
+#              SASS (benchmarks/sass_hotspots.py); HOT_ARGS="blocked=1" profiles its
+#              register-blocked variant                         (~2 min cold)
+#   blockedw   the weights-only plane backward on register blocks (PlaneSpec.blocked,
+#              off by default): its GPU tests, then lanes_ab.py's settings default and
+#              blocked at the 56 x 56 and 28 x 28 stages, fp32 and bf16 ($BLOCKED_SHAPES);
+#              carry its PTX (scripts/build_ptx_cache.sh blocked)   (~5 min warm)
 #   tilehotspots  the same for the split forward's tile kernel (wtconv_tile) at the
 #              ConvNeXt-T stages 56 (L5) and 28 (L4), fp32: the inference target's
 #              kernel, loop by loop; TILEHOT_SHAPES="BxCxHxWxLxK ..." picks other
@@ -283,8 +288,10 @@ run_hotspots() {
     # shellcheck disable=SC2086  # a shape is a list of arguments
     n=$(python3 benchmarks/ncu_target.py $shape plane-launches) || { rc=1; continue; }
     # the weights-only kernel is the last wtconv_plane launch of the fourth backward
+    # ($HOT_ARGS: ncu_target.py options, e.g. blocked=1)
     # shellcheck disable=SC2086
-    hotspot_run "${shape// /x}" wtconv_plane $((4 * n - 1)) backward $shape || rc=1
+    hotspot_run "${shape// /x}${HOT_ARGS:+_${HOT_ARGS//[= ]/}}" wtconv_plane $((4 * n - 1)) \
+      backward $shape ${HOT_ARGS:-} || rc=1
   done
   return $rc
 }
@@ -368,6 +375,24 @@ run_tileplanes() {
   # shellcheck disable=SC2086  # a list of variants
   timeout 300 python3 benchmarks/tile_bench.py --configs 64x192x28x28:4 --splits 2 --no-plane \
     --variants $variants --json "$OUT/tileplanes.json" 2>&1 | tee "$OUT/tileplanes.log" || rc=1
+  return $rc
+}
+
+run_blockedw() {
+  # The weights-only plane backward's correlations on register blocks: their GPU oracle
+  # cases (K of TEST_KS), then the step and backward times through the CuPy path with the
+  # planner's default and with BLOCKED_WEIGHTS on, fp32 and bf16.
+  echo "== register-blocked weight gradients: GPU tests, then lanes_ab.py default / blocked"
+  local rc=0
+  WTCONV_TEST_GPU=1 WTCONV_TEST_KS=${TEST_KS} timeout 240 python3 -m pytest -q -n 8 \
+    -p no:cacheprovider -p no:benchmark -k blocked_weights tests/gpu/test_gpu_kernels.py \
+    >"$OUT/blockedw_tests.log" 2>&1 || rc=1
+  tail -n 5 "$OUT/blockedw_tests.log"
+  # shellcheck disable=SC2086  # BLOCKED_SHAPES is a list of shapes
+  (cd benchmarks && timeout 320 python3 lanes_ab.py --dtypes fp32 bf16 --settings default blocked \
+    --shapes ${BLOCKED_SHAPES:-64x96x56x56:5 64x192x28x28:4} --json "$OUT/blockedw_ab.json") \
+    >"$OUT/blockedw_ab.log" 2>&1 || rc=1
+  grep -v "Spec(" "$OUT/blockedw_ab.log" | cut -c1-400 | tail -n 30
   return $rc
 }
 
@@ -642,7 +667,7 @@ print(*sorted({f"{h}x{w}:{lv}" for _, _, h, w, lv, _ in CONFIGS}))')
 
 for phase in "${phases[@]}"; do
   case "$phase" in
-    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|fwdhost|torchstep|stepprofile|tiles|tileplanes|tileprofile|stageprofile|split|registers|ab|bwdprofile|hotspots|tilehotspots|lanes|lanehotspots|tiledtypes)
+    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|fwdhost|torchstep|stepprofile|tiles|tileplanes|blockedw|tileprofile|stageprofile|split|registers|ab|bwdprofile|hotspots|tilehotspots|lanes|lanehotspots|tiledtypes)
       "run_$phase" || status=1 ;;
     *) echo "unknown phase: $phase"; status=2 ;;
   esac

@@ -572,6 +572,27 @@ def test_lane_kernel_groups_match_oracle(shape, levels, k, lanes, groups, storag
     run_case(shape, levels, k, 1, storage, tuning=tuning)
 
 
+#: The weights-only plane kernel on register blocks (Tuning(blocked_weights=True)):
+#: the 56 x 56 and 28 x 28 stages' planes (fewer channels), odd planes whose grids have
+#: padding, K 3 and 7 (on 64-thread planes: 32 threads are too few for its blocks).
+BLOCKED_CASES = [((4, 8, 56, 56), 5, 5, s, None) for s in ("float32", "bfloat16")]
+BLOCKED_CASES += [((6, 16, 28, 28), 4, 5, "float16", None),
+                  ((5, 6, 27, 31), 4, 3, "float32", None),
+                  ((3, 4, 21, 19), 3, 7, "bfloat16", 64),
+                  ((4, 3, 55, 57), 5, 5, "float32", None)]
+BLOCKED_CASES = [c for c in BLOCKED_CASES if c[2] in KERNEL_SIZES]
+
+
+@pytest.mark.parametrize("shape,levels,k,storage,threads", BLOCKED_CASES)
+def test_blocked_weights_match_oracle(shape, levels, k, storage, threads):
+    """The weight gradients on register blocks (``PlaneSpec.blocked``), against the oracle."""
+    tuning = Tuning(blocked_weights=True, dx_forward=True, lanes=0, threads=threads)
+    problem = Problem(*shape, k, levels, 1, storage, True)
+    spec = plan_plane(problem, True, backend().shared_limit, backend().max_slots, tuning).spec
+    assert spec.blocked
+    run_case(shape, levels, k, 1, storage, tuning=tuning)
+
+
 @pytest.mark.parametrize("shape", [(2, 3, 17, 23), (3, 5, 33, 31)])
 def test_without_bias(shape):
     run_case(shape, 3, 5, 1, "float32", bias=False)
