@@ -119,6 +119,16 @@ def nonfinite(a) -> np.ndarray:
     return ~np.isfinite(np.asarray(a, np.float64))
 
 
+def assert_same_nonfinite(dw, dw_ref) -> None:
+    """Every weight gradient of ``dw`` is non-finite exactly where ``dw_ref``'s is."""
+    for name, want in dw_ref._asdict().items():
+        if want is None:
+            continue
+        got_mask, want_mask = nonfinite(getattr(dw, name)), nonfinite(want)
+        assert np.array_equal(got_mask, want_mask), (
+            f"{name}: {describe_mask_diff(got_mask, want_mask)}")
+
+
 def describe_mask_diff(got_mask, want_mask) -> str:
     extra = [tuple(int(i) for i in p) for p in np.argwhere(got_mask & ~want_mask)]
     missing = [tuple(int(i) for i in p) for p in np.argwhere(want_mask & ~got_mask)]

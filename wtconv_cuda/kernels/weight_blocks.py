@@ -733,24 +733,23 @@ def _emit_subbands(e, spec, g: Grids, j: int) -> None:
 
 
 def _emit_padding_zeros(e, spec, g: Grids) -> None:
-    """Zero the positions past each odd-sized grid's edge again (the butterflies wrote them)."""
+    """Zero the positions past each odd-sized grid's edge again (the butterflies wrote them):
+    phases 2 and 3 (odd rows) along the last row of positions of an odd height, phases 1
+    and 3 (odd columns) down the last column of an odd width."""
     T, P = spec.threads, g.radius
-    L = spec.plane[2]
-    for j in range(L):
+    for j in range(spec.plane[2]):
         hv, wv = g.shapes[j]
         hn, wn = g.shapes[j + 1]
-        (xo, xp, xph), (go, gp, gph) = g.xsrc[j], g.gsrc[j]
-        if hv % 2:  # phases 2 and 3 (odd rows) at the last row of positions
-            e(f"# grid {j}: odd height, row {hv} is padding",
-              f"for it in range(tv, {wn}, {T}):")
+        edges = [(hv, "height", "row", wn, (2, 3), lambda pitch, halo: (
+                     f"{(hn - 1 + halo) * pitch + halo} + it")),
+                 (wv, "width", "column", hn, (1, 3), lambda pitch, halo: (
+                     f"(it + {halo}) * {pitch} + {wn - 1 + halo}"))]
+        for size, side, line, count, phases, position in edges:
+            if size % 2 == 0:
+                continue
+            e(f"# grid {j}: odd {side}, {line} {size} is padding",
+              f"for it in range(tv, {count}, {T}):")
             with e.indent():
-                for base, pitch, ph, halo in ((xo, xp, xph, P), (go, gp, gph, 0)):
-                    at = f"sb + {base} + {(hn - 1 + halo) * pitch + halo} + it"
-                    e(f"S[{at} + {2 * ph}] = fz", f"S[{at} + {3 * ph}] = fz")
-        if wv % 2:  # phases 1 and 3 (odd columns) at the last column of positions
-            e(f"# grid {j}: odd width, column {wv} is padding",
-              f"for it in range(tv, {hn}, {T}):")
-            with e.indent():
-                for base, pitch, ph, halo in ((xo, xp, xph, P), (go, gp, gph, 0)):
-                    at = f"sb + {base} + (it + {halo}) * {pitch} + {wn - 1 + halo}"
-                    e(f"S[{at} + {ph}] = fz", f"S[{at} + {3 * ph}] = fz")
+                for (base, pitch, ph), halo in ((g.xsrc[j], P), (g.gsrc[j], 0)):
+                    at = f"sb + {base} + {position(pitch, halo)}"
+                    e(*(f"S[{at} + {k * ph}] = fz" for k in phases))
