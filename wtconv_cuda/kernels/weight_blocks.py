@@ -9,10 +9,11 @@ per shared load at K 5, and the level taps form each Haar butterfly again for
 every tap row (16 adds per 20 multiply-adds). Here a thread instead owns a
 *block* of ``R x N`` values of ``g`` and all ``K * K`` taps:
 
-* it loads the block once into registers, then walks the ``R + K - 1`` rows of
-  ``x`` the block meets, each row's ``N + K - 1`` values once, adding every
-  product that row takes part in (``K * K * R * N`` multiply-adds for
-  ``R N + (R + K - 1)(N + K - 1)`` loads: 6 per load at 2 x 14, K 5);
+* it loads the block into registers (in pieces of `SUB_VALUES` values), then
+  walks the ``R + K - 1`` rows of ``x`` the piece meets, each value once,
+  adding every product that value takes part in as soon as it is loaded
+  (``K * K * R * N`` multiply-adds for about ``R N + (R + K - 1)(N + K - 1)``
+  loads: 700 for 160 at 2 x 14, K 5);
 * the levels' subbands are formed once, in place (the Haar butterfly of each
   2 x 2 block of a polyphase grid lands on the same index of its four phase
   planes, and subband ``k`` is then phase plane ``k``), so a level block
@@ -25,12 +26,14 @@ Phases (each one barrier, then its reduction): the base taps and the bias on
 blocks of 2 pixel rows by ``N`` columns of the polyphase grid 0 (their
 offsets stay constant when a block starts on an even pixel), while the other
 threads form the subbands of grids ``1..L-1``; then grid 0's subbands; then
-the levels, in the phases :func:`blocked_plan` chose. A phase's blocks write
+the levels, in the phases :func:`blocked_plan` chose by a cost model of the
+slowest warp that counts bank conflicts (consecutive lanes take consecutive
+blocks down a column, an odd pitch apart). A phase's blocks write
 their ``K * K`` sums (and the bias) into the partial-sum region, one slot per
 block (two blocks' sums added into one slot first where the region is too
 small: ``fold``), and ``(group, tap)`` reducers add each group's slots in a
 fixed order into the unit sums (deterministic). A thread's products for one
-tap are added in a fixed order too (block rows, then columns), so the result
+tap are added in a fixed order too (pieces, then rows, then columns), so the result
 differs from the default phase's only by float32 summation order.
 
 The in-place subbands overwrite the padding of odd-sized grids (the zero
