@@ -128,6 +128,8 @@ SIMULATED = pytest.mark.skipif(os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
     ((2, 2, 17, 23), 5, 5, Tuning(threads=32, batch_chunk=2), "float32"),
     # two planes a block (64 threads each), partials and a separate finalize
     ((4, 2, 12, 10), 3, 5, Tuning(threads=64, batch_chunk=2, fuse_finalize=False), "float32"),
+    # the 56 x 56 stage's own plan (test_the_56_stage_plan), two planes a unit
+    ((2, 1, 56, 56), 5, 5, Tuning(batch_chunk=2), "float32"),
     # 16-thread planes, several a warp (warp barriers)
     ((4, 2, 7, 6), 2, 3, Tuning(threads=16, batch_chunk=2), "float32"),
     # K 7 (4-column base blocks), 16-bit storage
