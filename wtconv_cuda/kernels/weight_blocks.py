@@ -223,7 +223,20 @@ class Grids(NamedTuple):
 
 
 def grids_of(geo, kernel_size: int) -> Grids:
-    """The :class:`Grids` of a ``weights_only`` level table ``geo``."""
+    """The :class:`Grids` of a ``weights_only`` level table.
+
+    Parameters
+    ----------
+    geo : numpy.ndarray, int64
+        The table of :func:`~wtconv_cuda.kernels.layout.plane_layout` (header
+        and level entries; the problem fields are not read).
+    kernel_size : int
+        Odd ``K``.
+
+    Returns
+    -------
+    Grids
+    """
     from .layout import LEVEL_BASE, LEVEL_FIELDS, LEVEL_STRIDE
     field = {name: i for i, name in enumerate(LEVEL_FIELDS)}
     L = int(geo[HEADER["L"]])
@@ -239,8 +252,23 @@ def grids_of(geo, kernel_size: int) -> Grids:
 
 
 def block_bases(run: BlockRun, grids: Grids, k: int, bi: int, bj: int) -> tuple:
-    """Offsets of block ``(k, bi, bj)``'s first ``x`` and ``g`` values (relative to the
-    slot): every load of the block adds a constant to one of them."""
+    """Offsets of a block's first ``x`` and ``g`` values; every load of the block adds a
+    constant to one of them.
+
+    Parameters
+    ----------
+    run : BlockRun
+        The block's level and shape.
+    grids : Grids
+        The variant's grids.
+    k, bi, bj : int
+        Subband (0 for the base taps), block row and block column.
+
+    Returns
+    -------
+    tuple of int
+        ``(x offset, g offset)`` in float32 words from the slot's start.
+    """
     if run.level == 0:  # a block starts on an even pixel row and column of grid 0
         (xo, xp, _), (go, gp, _) = grids.xsrc[0], grids.gsrc[0]
         half = run.cols // 2
@@ -272,10 +300,29 @@ def _ways(addresses) -> int:
 
 
 def phase_cost(runs: tuple, lanes: int, kernel_size: int, grids: Grids) -> int:
-    """The slowest warp of a phase, in instructions: its blocks' loads, multiply-adds
-    and overhead, or `ISSUE_PER_WAVEFRONT` times their shared-memory wavefronts where
-    those take longer. Lanes on blocks of one shape run one instruction stream (their
-    bank conflicts counted); blocks of different shapes run one after the other."""
+    """The cost model: the slowest warp of a phase, in instructions.
+
+    A warp costs its blocks' loads, multiply-adds and overhead, or
+    `ISSUE_PER_WAVEFRONT` times their shared-memory wavefronts where those
+    take longer. Lanes on blocks of one shape run one instruction stream
+    (their bank conflicts counted: the most distinct words one bank serves);
+    blocks of different shapes run one after the other.
+
+    Parameters
+    ----------
+    runs : tuple of BlockRun
+        The phase's levels, items numbered run by run.
+    lanes : int
+        Lanes of a warp that take an item (see :class:`BlockPhase`).
+    kernel_size : int
+        Odd ``K``.
+    grids : Grids
+        The variant's grids (their pitches and phase strides set the banks).
+
+    Returns
+    -------
+    int
+    """
     K = kernel_size
     items = [(run, *run.decode(u)) for run in runs for u in range(run.items)]
     worst = 0
