@@ -145,6 +145,18 @@ def test_blocked_weights_match_oracle(rng, shape, levels, k, tuning, storage):
     assert_close(errors, DTYPES[storage][1])
 
 
+@SIMULATED
+def test_blocked_weights_in_global_scratch(rng):
+    """Slots in global scratch (no shared memory), two persistent blocks walking the
+    units: the same code on ``scratch`` instead of shared memory."""
+    from .test_simulator import DTYPES, assert_close, run_layer
+    tuning = Tuning(threads=32, batch_chunk=1, blocked_weights=True, dx_forward=True, lanes=0)
+    backend = RecordingBackend(shared_limit=0)
+    errors = run_layer(rng, (3, 2, 9, 7), 2, 3, 1, tuning=tuning, backend=backend)
+    assert [s.scratch for s in backend.kernels if getattr(s, "blocked", False)] == [True]
+    assert_close(errors, DTYPES["float32"][1])
+
+
 def _non_finite_x_cases():
     from ..reliability.test_numerics import X_CASES
     return [case for case in X_CASES if case.values[3] == 1]
