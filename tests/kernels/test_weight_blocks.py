@@ -68,7 +68,8 @@ def test_plans_keep_one_block_per_thread(h, w, levels, k, threads):
     """Every phase has at most one block per thread, every block fits the register budget,
     and the blocks of a run cover its plane."""
     plan = blocked_plan(h, w, levels, k, 2, threads)
-    if plan is None:
+    if plan is None:  # K 7's 49 sums leave small blocks: too many for 32 or 64 threads
+        assert k == 7 or threads == 32
         return
     shapes = [(h, w)] + [(-(-h // 2 ** j), -(-w // 2 ** j)) for j in range(1, levels + 1)]
     assert [r.level for phase in plan.phases for r in phase.runs] == list(range(levels + 1))
