@@ -53,9 +53,10 @@
 #              SASS (benchmarks/sass_hotspots.py); HOT_ARGS="blocked=1" profiles its
 #              register-blocked variant                         (~2 min cold)
 #   blockedw   the weights-only plane backward on register blocks (PlaneSpec.blocked,
-#              off by default): its GPU tests, then lanes_ab.py's settings default and
-#              blocked at the 56 x 56 and 28 x 28 stages, fp32 and bf16 ($BLOCKED_SHAPES);
-#              carry its PTX (scripts/build_ptx_cache.sh blocked)   (~5 min warm)
+#              off by default): its GPU tests (K of $BLOCKED_KS, default 5), then
+#              lanes_ab.py's settings default and blocked at the 56 x 56 and 28 x 28
+#              stages, fp32 and bf16 ($BLOCKED_SHAPES); carry its PTX
+#              (scripts/build_ptx_cache.sh blocked)                 (~5 min warm)
 #   tilehotspots  the same for the split forward's tile kernel (wtconv_tile) at the
 #              ConvNeXt-T stages 56 (L5) and 28 (L4), fp32: the inference target's
 #              kernel, loop by loop; TILEHOT_SHAPES="BxCxHxWxLxK ..." picks other
@@ -380,11 +381,12 @@ run_tileplanes() {
 
 run_blockedw() {
   # The weights-only plane backward's correlations on register blocks: their GPU oracle
-  # cases (K of TEST_KS), then the step and backward times through the CuPy path with the
-  # planner's default and with BLOCKED_WEIGHTS on, fp32 and bf16.
+  # cases (K of $BLOCKED_KS, default 5: four of the six; their odd planes compile here),
+  # then the step and backward times through the CuPy path with the planner's default and
+  # with BLOCKED_WEIGHTS on, fp32 and bf16.
   echo "== register-blocked weight gradients: GPU tests, then lanes_ab.py default / blocked"
   local rc=0
-  WTCONV_TEST_GPU=1 WTCONV_TEST_KS=${TEST_KS} timeout 240 python3 -m pytest -q -n 8 \
+  WTCONV_TEST_GPU=1 WTCONV_TEST_KS=${BLOCKED_KS:-5} timeout 240 python3 -m pytest -q -n 8 \
     -p no:cacheprovider -p no:benchmark -k blocked_weights tests/gpu/test_gpu_kernels.py \
     >"$OUT/blockedw_tests.log" 2>&1 || rc=1
   tail -n 5 "$OUT/blockedw_tests.log"
