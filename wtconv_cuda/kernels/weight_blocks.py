@@ -43,12 +43,15 @@ plane never write; the last phase therefore zeroes those positions again.
 
 from __future__ import annotations
 
+from collections import Counter
 from contextlib import nullcontext
 from functools import lru_cache
 from itertools import product
 from typing import NamedTuple
 
-from .layout import HEADER, level_shapes, plane_layout
+from .layout import (
+    HEADER, LEVEL_BASE, LEVEL_FIELDS, LEVEL_STRIDE, level_shapes, plane_layout,
+)
 
 #: Most values a thread's block keeps live: ``K * K`` sums, the block of ``g``,
 #: one row of ``x`` and the bias (ptxas adds addresses and temporaries).
@@ -176,11 +179,15 @@ class BlockPhase(NamedTuple):
         """``(group, tap)`` reductions of the phase."""
         return sum(run.groups * self.taps(run, kernel_size) for run in self.runs)
 
+    @property
+    def slot_floats(self) -> int:
+        """float32 words of the phase's slots (the slices' sums follow them)."""
+        return sum(run.groups * self.slots(run) for run in self.runs) * self.width
+
     def floats(self, kernel_size: int) -> int:
         """float32 words of the partial-sum region the phase uses."""
-        slots = sum(run.groups * self.slots(run) for run in self.runs)
         second = self.pairs(kernel_size) * self.slices if self.slices > 1 else 0
-        return slots * self.width + second
+        return self.slot_floats + second
 
 
 class BlockedPlan(NamedTuple):
@@ -192,14 +199,10 @@ class BlockedPlan(NamedTuple):
         The base phase first, then the level phases in level order.
     partial_floats : int
         float32 words of partial-sum region the phases need.
-    cost : int
-        The cost model's estimate (:func:`phase_cost`), in instructions of the
-        slowest warp summed over the phases.
     """
 
     phases: tuple
     partial_floats: int
-    cost: int
 
 
 class Grids(NamedTuple):
@@ -237,12 +240,10 @@ def grids_of(geo, kernel_size: int) -> Grids:
     -------
     Grids
     """
-    from .layout import LEVEL_BASE, LEVEL_FIELDS, LEVEL_STRIDE
-    field = {name: i for i, name in enumerate(LEVEL_FIELDS)}
     L = int(geo[HEADER["L"]])
 
     def at(j, name):
-        return int(geo[LEVEL_BASE + LEVEL_STRIDE * j + field[name]])
+        return int(geo[LEVEL_BASE + LEVEL_STRIDE * j + LEVEL_FIELDS.index(name)])
 
     xshift = int(geo[HEADER["xb_off"]]) - int(geo[HEADER["a_off"]])
     xs = tuple((at(j, "src") + xshift, at(j, "pitch"), at(j, "phase")) for j in range(max(L, 1)))
@@ -293,10 +294,7 @@ def _block_counts(K: int, rows: int, cols: int, bias: bool) -> tuple:
 
 def _ways(addresses) -> int:
     """Wavefronts of one warp-wide 32-bit shared load from these addresses."""
-    banks = {}
-    for a in set(addresses):
-        banks[a % 32] = banks.get(a % 32, 0) + 1
-    return max(banks.values())
+    return max(Counter(a % 32 for a in set(addresses)).values())
 
 
 def phase_cost(runs: tuple, lanes: int, kernel_size: int, grids: Grids) -> int:
@@ -474,8 +472,7 @@ def blocked_plan(height: int, width: int, levels: int, kernel_size: int, strip: 
         return None
     chosen = [base[1:]] + (best[0][1] if levels else [])
     phases = tuple(_phase(runs, lanes, K, T, capacity) for runs, lanes in chosen)
-    cost = base[0] + PHASE_OVERHEAD + (best[0][0] if levels else 0)
-    return BlockedPlan(phases, max(phase.floats(K) for phase in phases), cost)
+    return BlockedPlan(phases, max(phase.floats(K) for phase in phases))
 
 
 def spec_plan(spec) -> BlockedPlan | None:
@@ -709,7 +706,7 @@ def _emit_reduction(e, spec, phase: BlockPhase, red: int) -> None:
     from .codegen import _emit_ordered_sum, CHUNK_SUM_GROUP
     K, T, s, w = spec.kernel_size, spec.threads, phase.slices, phase.width
     npairs = phase.pairs(K)
-    second = red + _slot_floats(phase, K)
+    second = red + phase.slot_floats
     e(f"for pu in range(tv, {npairs * s}, {T}):")
     with e.indent():
         if s > 1:
@@ -739,14 +736,10 @@ def _emit_reduction(e, spec, phase: BlockPhase, red: int) -> None:
             e("if valid:", "    S[sb + w_off + ti] += tot")
 
 
-def _slot_floats(phase: BlockPhase, K: int) -> int:
-    return sum(run.groups * phase.slots(run) for run in phase.runs) * phase.width
-
-
 def _emit_slice_sums(e, spec, phase: BlockPhase, red: int) -> None:
     """Second pass of a sliced reduction: each ``(group, tap)`` adds its slices in order."""
     K, T, s = spec.kernel_size, spec.threads, phase.slices
-    second = red + _slot_floats(phase, K)
+    second = red + phase.slot_floats
     e(f"for pr in range(tv, {phase.pairs(K)}, {T}):")
     with e.indent():
         runs = _pair_runs(phase, K)
@@ -765,21 +758,17 @@ def _emit_slice_sums(e, spec, phase: BlockPhase, red: int) -> None:
 
 def _emit_subbands(e, spec, g: Grids, j: int) -> None:
     """Grid ``j`` of both pyramids into level ``j + 1``'s four subbands, in place."""
-    from .codegen import _DivmodLoop
+    from .codegen import _DivmodLoop, _butterfly
     T, P = spec.threads, g.radius
     hn, wn = g.shapes[j + 1]
     (xo, xp, xph), (go, gp, gph) = g.xsrc[j], g.gsrc[j]
     e(f"# grid {j} -> level {j + 1}'s subbands (raw butterflies), in place")
     with _DivmodLoop(e, "it", "tv", str(hn * wn), T, str(wn), "qu", "qv"):
-        for name, at in (("xq", f"sb + {xo} + (qu + {P}) * {xp} + qv + {P}"),
-                         ("gq", f"sb + {go} + qu * {gp} + qv")):
-            ph = xph if name == "xq" else gph
-            e(f"{name} = {at}",
-              f"h0, h1, h2, h3 = S[{name}], S[{name} + {ph}], S[{name} + {2 * ph}], "
-              f"S[{name} + {3 * ph}]",
-              "hs, hm, ht, hn = h0 + h1, h0 - h1, h2 + h3, h2 - h3",
-              f"S[{name}] = hs + ht", f"S[{name} + {ph}] = hs - ht",
-              f"S[{name} + {2 * ph}] = hm + hn", f"S[{name} + {3 * ph}] = hm - hn")
+        for name, at, ph in (("xq", f"sb + {xo} + (qu + {P}) * {xp} + qv + {P}", xph),
+                             ("gq", f"sb + {go} + qu * {gp} + qv", gph)):
+            e(f"{name} = {at}")
+            _butterfly(e, "hb", "", name, str(ph))
+            e(*(f"S[{name} + {n * ph}] = hb{n}_" for n in range(4)))
 
 
 def _emit_padding_zeros(e, spec, g: Grids) -> None:
