@@ -367,7 +367,8 @@ run_stageprofile() {
 
 run_tileplanes() {
   echo "== planes of one channel a block, 28 x 28 split tile (TileSpec.planes)"
-  WTCONV_TEST_GPU=1 WTCONV_TEST_KS=5 timeout 300 python3 -m pytest -q -p no:cacheprovider \
+  # one process per case: each compiles its variants (some 4 min in one process)
+  WTCONV_TEST_GPU=1 WTCONV_TEST_KS=5 timeout 300 python3 -m pytest -q -n 9 -p no:cacheprovider \
     -p no:benchmark tests/gpu/test_gpu_kernels.py -k tile_planes >"$OUT/gpu_tileplanes.log" 2>&1
   local rc=$?
   tail -n 3 "$OUT/gpu_tileplanes.log"

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from wtconv_cuda import reference
-from wtconv_cuda.kernels.compiler import spec_from_repr
-from wtconv_cuda.kernels.launch import Problem, Tuning, plan_split, run_forward
+from wtconv_cuda.kernels.compiler import block_threads, spec_from_repr
+from wtconv_cuda.kernels.launch import Problem, Tuning, plan_plane, plan_split, run_forward
 from wtconv_cuda.kernels.tiles import (
     TileSpec, plane_floats, shared_floats, spec_geometry, tile_kernel_source,
 )
@@ -45,6 +45,23 @@ def test_planner_puts_planes_of_one_channel_in_a_block():
     assert plane_floats(four.spec) % 4 == 0 and plane_floats(four.spec) >= geo.floats - geo.ntaps
     odd_batch = stage._replace(batch=62)
     assert plan_split(odd_batch, LIMIT, Tuning(tile_planes=4)).tiles.spec.planes == 1
+
+
+@pytest.mark.parametrize("planes", [1, 2, 4, 16])
+def test_compiled_block_size_is_the_launch_block(planes):
+    """The PTX's ``.maxntid`` (:func:`block_threads`) is the block the planner launches;
+    a smaller one makes the driver refuse the launch (it did for ``planes`` > 1: 32)."""
+    stage = Problem(64, 192, 28, 28, 5, 4, 1, "float32", True)
+    tiles = plan_split(stage, LIMIT, Tuning(tile_planes=planes)).tiles
+    assert tiles.spec.planes == planes
+    assert block_threads(tiles.spec) == tiles.block == 32 * planes
+
+
+def test_compiled_block_size_of_a_plane_kernel_counts_its_planes():
+    small = Problem(8, 16, 14, 14, 5, 3, 1, "float32", True)
+    plan = plan_plane(small, False, LIMIT, 1)
+    assert plan.spec.planes_per_block > 1
+    assert block_threads(plan.spec) == plan.block == plan.spec.threads * plan.spec.planes_per_block
 
 
 def test_planes_need_a_forward_tile_over_its_whole_plane():

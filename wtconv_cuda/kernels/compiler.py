@@ -347,8 +347,8 @@ def _source_for(spec) -> tuple[str, str, tuple]:
 def compile_ptx(spec, cc: tuple[int, int] = (9, 0)) -> tuple[str, str]:
     """Compile ``spec`` to PTX for compute capability ``cc``.
 
-    The entry gets a ``.maxntid`` directive (the block size: ``threads``,
-    times ``planes_per_block`` for a plane kernel) and, when the spec's
+    The entry gets a ``.maxntid`` directive (the block size,
+    :func:`block_threads`) and, when the spec's
     ``max_registers`` is non-zero, a ``.maxnreg`` one. Nothing is cached here
     (see :func:`cached_ptx`).
 
@@ -386,9 +386,27 @@ def compile_ptx(spec, cc: tuple[int, int] = (9, 0)) -> tuple[str, str]:
         ptx, _ = cuda.compile_ptx(function, signature, cc=cc)
     except Exception as exc:  # numba raises a zoo of typing/lowering errors
         raise CompileError(f"compiling {spec!r} for sm_{cc[0]}{cc[1]} failed: {exc}") from exc
-    block = getattr(spec, "threads", 0) * getattr(spec, "planes_per_block", 1)
-    ptx = _with_tuning_directives(ptx, block, getattr(spec, "max_registers", 0))
+    ptx = _with_tuning_directives(ptx, block_threads(spec), getattr(spec, "max_registers", 0))
     return ptx, _entry_name(ptx)
+
+
+def block_threads(spec) -> int:
+    """Threads per block of every launch of ``spec``: the ``.maxntid`` its PTX gets.
+
+    Parameters
+    ----------
+    spec : NamedTuple
+        A kernel variant (`PlaneSpec`, `TileSpec`, ...).
+
+    Returns
+    -------
+    int
+        ``spec.threads`` times the planes a block runs side by side
+        (``planes_per_block`` of a `PlaneSpec`, ``planes`` of a `TileSpec`); 0
+        for a spec without ``threads`` (no directive).
+    """
+    return (getattr(spec, "threads", 0) * getattr(spec, "planes_per_block", 1)
+            * getattr(spec, "planes", 1))
 
 
 def _with_tuning_directives(ptx: str, threads: int, max_registers: int) -> str:
