@@ -93,7 +93,9 @@ def use_tile_planes(planes: str) -> None:
     """``planes`` planes of one channel a block for the whole-plane forward tiles."""
     from wtconv_cuda.kernels import launch
 
-    launch.TILE_PLANES = int(planes)
+    launch.TILE_PLANES = int(planes)  # and in place of the small-plane rules' own count
+    launch.SPLIT_SMALL_TILES = {edge: rule._replace(planes=int(planes))
+                                for edge, rule in launch.SPLIT_SMALL_TILES.items()}
     launch.clear_plan_caches()
 
 

@@ -14,7 +14,9 @@ import pytest
 
 from wtconv_cuda import reference
 from wtconv_cuda.kernels.compiler import block_threads, spec_from_repr
-from wtconv_cuda.kernels.launch import Problem, Tuning, plan_plane, plan_split, run_forward
+from wtconv_cuda.kernels.launch import (
+    Problem, Tuning, plan_plane, plan_split, plan_tiles, run_forward,
+)
 from wtconv_cuda.kernels.tiles import (
     TileSpec, plane_floats, shared_floats, spec_geometry, tile_kernel_source,
 )
@@ -30,12 +32,13 @@ STAGE28 = TileSpec(5, "float32", 2, 32, 32, 4, 120, coarse=True, height=28, widt
 
 
 def test_planner_puts_planes_of_one_channel_in_a_block():
-    """At the 28 x 28 stage: four planes a block, a quarter of the blocks, the taps once
-    and a data buffer per plane; one plane a block by default, and where ``B`` is not a
-    multiple of the planes."""
+    """At the 28 x 28 stage: four planes a block by default (its rule), a quarter of the
+    blocks, the taps once and a data buffer per plane; one plane a block where asked, and
+    where ``B`` is not a multiple of the planes."""
     stage = Problem(64, 192, 28, 28, 5, 4, 1, "float32", True)
-    one = plan_split(stage, LIMIT).tiles
-    four = plan_split(stage, LIMIT, Tuning(tile_planes=4)).tiles
+    one = plan_split(stage, LIMIT, Tuning(tile_planes=1)).tiles
+    four = plan_split(stage, LIMIT).tiles
+    assert plan_split(stage, LIMIT, Tuning(tile_planes=4)).tiles == four
     assert one.spec.planes == 1 and four.spec == one.spec._replace(planes=4)
     assert (four.grid, four.block) == (one.grid // 4, 4 * one.block)
     geo = spec_geometry(one.spec)
@@ -44,7 +47,7 @@ def test_planner_puts_planes_of_one_channel_in_a_block():
     assert one.shared_bytes == 4 * shared_floats(one.spec) == 4 * geo.floats
     assert plane_floats(four.spec) % 4 == 0 and plane_floats(four.spec) >= geo.floats - geo.ntaps
     odd_batch = stage._replace(batch=62)
-    assert plan_split(odd_batch, LIMIT, Tuning(tile_planes=4)).tiles.spec.planes == 1
+    assert plan_split(odd_batch, LIMIT).tiles.spec.planes == 1
 
 
 @pytest.mark.parametrize("planes", [1, 2, 4, 16])
@@ -121,16 +124,25 @@ def test_planes_give_the_same_bits(rng, nan_shared, shape, levels, k, storage, t
 
 
 def test_module_default_reaches_the_planner(monkeypatch):
-    """``TILE_PLANES`` (what ``benchmarks/ncu_target.py tile_planes=P`` sets) is the
-    planner's default where the tuning leaves ``tile_planes`` unset."""
+    """``TILE_PLANES`` is the planner's default for whole-plane tiles that no small-plane
+    rule sets; the 28 x 28 rule's own count (four) stands unless the rule is replaced, as
+    ``benchmarks/ncu_target.py tile_planes=P`` does."""
     from wtconv_cuda.kernels import launch
     stage = Problem(64, 192, 28, 28, 5, 4, 1, "float32", True)
-    monkeypatch.setattr(launch, "TILE_PLANES", 16)
+    small = Problem(4, 2, 13, 15, 3, 2, 1, "float16", True)
+    forced = Tuning(tiles=True, tile=16, threads=32)
+    assert plan_tiles(small, LIMIT, forced).spec.planes == 1
+    monkeypatch.setattr(launch, "TILE_PLANES", 2)
     launch.clear_plan_caches()
     try:
+        assert plan_tiles(small, LIMIT, forced).spec.planes == 2
+        assert plan_split(stage, LIMIT).tiles.spec.planes == 4
+        monkeypatch.setattr(launch, "SPLIT_SMALL_TILES", {
+            edge: rule._replace(planes=16) for edge, rule in launch.SPLIT_SMALL_TILES.items()})
+        launch.clear_plan_caches()
         assert plan_split(stage, LIMIT).tiles.spec.planes == 16
         assert plan_split(stage, LIMIT, Tuning(tile_planes=2)).tiles.spec.planes == 2
     finally:
         monkeypatch.undo()
         launch.clear_plan_caches()
-    assert plan_split(stage, LIMIT).tiles.spec.planes == 1
+    assert plan_split(stage, LIMIT).tiles.spec.planes == 4

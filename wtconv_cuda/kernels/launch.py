@@ -198,7 +198,8 @@ class Tuning(NamedTuple):
         A forward on tiles over their whole plane without inner levels (the
         28 x 28 stage's split) runs this many planes of one channel a block
         (``TileSpec.planes``), where ``B`` is a multiple of it and the block's
-        buffer fits; None: `TILE_PLANES` (1).
+        buffer fits; None: the plane's `SPLIT_SMALL_TILES` rule (four at 28 x 28),
+        else `TILE_PLANES` (1).
     blocked_weights : bool or None
         A ``weights_only`` plane backward correlates on register blocks
         (``PlaneSpec.blocked``, :mod:`wtconv_cuda.kernels.weight_blocks`)
@@ -582,9 +583,10 @@ TILE_THREADS = 128
 #: took 14.3 ms and 512 12.3 ms (``benchmarks/tile_bench.py --backward``).
 TILE_SOLO_THREADS = 256
 #: Planes of one channel a block of a forward tile over its whole plane without inner
-#: levels (``TileSpec.planes``) where ``Tuning.tile_planes`` is None. 1 until timed
-#: (``scripts/device_check.sh tileplanes``); ``benchmarks/ncu_target.py`` sets it to
-#: profile the default planner's launches with more.
+#: levels (``TileSpec.planes``) where neither ``Tuning.tile_planes`` nor the plane's
+#: `SPLIT_SMALL_TILES` rule sets it (the 28 x 28 stage's rule takes four);
+#: ``benchmarks/ncu_target.py`` sets it to profile the default planner's launches with
+#: more.
 TILE_PLANES = 1
 #: Most pixels of ``x`` a tile may load per output pixel (the halo's cost).
 TILE_MAX_READ = 2.3
@@ -626,6 +628,9 @@ class SmallTileSplit(NamedTuple):
         (0: none do).
     max_registers : int
         Register cap of the tile (0: `REGISTER_CAP`).
+    planes : int
+        Planes of one channel a tile's block runs (``TileSpec.planes``; 0:
+        `TILE_PLANES`), where ``B`` is a multiple of it.
     """
 
     level: int
@@ -637,6 +642,7 @@ class SmallTileSplit(NamedTuple):
     inner: bool = False
     inner_max_pixels: int = 0
     max_registers: int = 0
+    planes: int = 0
 
 
 #: Planes no larger than a tile split their forward by default, with one tile
@@ -679,6 +685,11 @@ class SmallTileSplit(NamedTuple):
 #: (ncu on an H100; 17 needs 96 or fewer). As measured, 118 registers: the 28 x 28
 #: forward 0.131 -> 0.129 ms against the tile without tap columns (87 registers, 17
 #: blocks; ``benchmarks/results/h100-2026-12-05d/``).
+#: Its blocks run four planes of one channel (``planes``): on an H100 at 64 x 192 x
+#: 28 x 28, L 4, split at 2 (``tile_bench.py``, two runs of 30), one, two, four, eight
+#: and sixteen planes a block: fp32 0.129, 0.130, 0.125, 0.130, 0.142 ms; four against
+#: one in bf16 0.127-0.128 against 0.128-0.129 ms
+#: (``benchmarks/results/h100-2026-12-05e/tileplanes/``).
 #:
 #: The inner levels (``inner``, :func:`inner_tiles`): on an H200, fp32, K 5, the
 #: split forward -> one launch with the coarse levels in the tile's block
@@ -696,7 +707,7 @@ class SmallTileSplit(NamedTuple):
 #: -> 89.3, 64 x 384 77.3 -> 100.7. fp16 alike.
 SPLIT_SMALL_TILES = {16: SmallTileSplit(1, 3, 32, 2, min_pixels=1 << 22, inner=True,
                                         inner_max_pixels=1 << 22),
-                     32: SmallTileSplit(2, 4, 32, max_registers=120),
+                     32: SmallTileSplit(2, 4, 32, max_registers=120, planes=4),
                      64: SmallTileSplit(2, 4, fit=8, inner=True)}
 #: ... where the tile wastes at most this fraction of its pixels ...
 SPLIT_MAX_WASTE = 1.35
@@ -1385,6 +1396,7 @@ def _small_plane_tiles(p: Problem, shared_limit: int, tuning: Tuning, backward: 
     threads = tuning.threads or rule.threads or None
     strip = tuning.strip or rule.strip or None
     max_registers = tuning.max_registers or rule.max_registers or None
+    planes = tuning.tile_planes or rule.planes or None
     fitted = -(-max(p.height, p.width) // rule.fit) * rule.fit if rule.fit else edge
     # a fitted tile whose halo reads too much falls back to the power of two
     for tile in dict.fromkeys([fitted, edge]):
@@ -1394,7 +1406,7 @@ def _small_plane_tiles(p: Problem, shared_limit: int, tuning: Tuning, backward: 
             continue
         fine = whole_tiles(p._replace(levels=c), shared_limit,
                           tuning._replace(tiles=True, tile=tile, threads=threads, strip=strip,
-                                          max_registers=max_registers),
+                                          max_registers=max_registers, tile_planes=planes),
                           backward)
         if fine is not None:
             return c, fine
