@@ -148,6 +148,16 @@ def test_warmup_lists_the_default_split_of_14x14_planes():
                for s in specs)
 
 
+def test_warmup_lists_the_28x28_tile_with_and_without_its_planes():
+    """The 28 x 28 split tile runs four planes a block where B is a multiple of four,
+    else one: warmup lists both."""
+    from wtconv_cuda.kernels.warmup import variants
+
+    specs = variants([5], ["float32"], [1], [(28, 28)], levels=[4])
+    planes = {s.planes for s in specs if isinstance(s, TileSpec) and s.coarse and s.tile == 32}
+    assert planes == {1, 4}
+
+
 def window_moves(source: str) -> list[str]:
     """Assignments of one window register to another: base taps' (``win_1 = win_3``) or
     level taps' (``xu2_0 = xu2_1``)."""

@@ -47,8 +47,11 @@ def variants(kernel_sizes, storages, strides, plane_sizes, levels=range(7),
     (:data:`~wtconv_cuda.kernels.launch.SPLIT_MIN_PIXELS`, and the size rules
     of some tile sizes: :data:`LARGE_PIXELS` lists them), so a single-plane
     problem and one of each size in :data:`LARGE_PIXELS` per combination of
-    the options, plus the other finalize choice of each backward spec, cover
-    them all. Where the planner runs a pass on tiles
+    the options (its batch also rounded up to a multiple of 16: the planner
+    gives a whole-plane tile's block several planes, ``TileSpec.planes``, and
+    takes the lane kernels, only where ``B`` is a multiple of a block's planes),
+    plus the other
+    finalize choice of each backward spec, cover them all. Where the planner runs a pass on tiles
     (:func:`~wtconv_cuda.kernels.launch.plan_tiles`), the tile spec is listed
     before the plane specs, which stay in the list (``Tuning(tiles=False)``
     runs them); where it splits a pass
@@ -82,8 +85,12 @@ def variants(kernel_sizes, storages, strides, plane_sizes, levels=range(7),
     for k, storage, stride, (h, w), lv, tuning in itertools.product(
             kernel_sizes, storages, strides, plane_sizes, levels, tunings):
         problem = Problem(1, 1, h, w, k, lv, stride, storage, True)
-        # problems as large as each of the planner's size rules asks
-        larges = [problem._replace(batch=-(-n // (h * w))) for n in LARGE_PIXELS]
+        # problems as large as each of the planner's size rules asks, with B as it falls
+        # and rounded up to a multiple of 16: whole-plane tiles (TileSpec.planes) and the
+        # lane kernels take several planes a block where B is a multiple of them
+        batches = [-(-n // (h * w)) for n in LARGE_PIXELS]
+        larges = [problem._replace(batch=b)
+                  for b in dict.fromkeys(v for b in batches for v in (b, -(-b // 16) * 16))]
         # tiny planes: the register kernel (its backward needs B a multiple of 32; B is
         # a run-time value, and B up to 128 shares one variant)
         for registers in (plan_registers(problem, shared_limit, tuning),
