@@ -22,9 +22,9 @@ back to one thread a plane within the partials' bound, with two they keep two;
 ``blocked``: the default rules with the weights-only plane kernel's correlations on
 register blocks, ``BLOCKED_WEIGHTS``, at the planes the lane kernel does not take:
 the 56 x 56 and 28 x 28 stages; ``planes1``: the default rules with one plane a block
-in the 28 x 28 stage's split tile, whose rule takes four) for ``--rounds`` rounds, plan and program caches
-cleared at every switch, kernels compiled beforehand, and prints in us the
-median over ``--repeats`` calls with rotating inputs of ``fwd`` and ``step``
+in the 28 x 28 stage's split tile, whose rule takes four) for ``--rounds`` rounds, plan
+and program caches cleared at every switch, kernels compiled beforehand, and prints in
+us the median over ``--repeats`` calls with rotating inputs of ``fwd`` and ``step``
 (events around one forward, or one forward and backward, after the GPU went
 idle), ``fwd b2b`` and ``step b2b`` (back to back, per call), and ``bwd`` =
 ``step b2b - fwd b2b``. Every setting's ``y``, ``dx`` and gradients are
