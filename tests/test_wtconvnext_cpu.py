@@ -399,16 +399,17 @@ def test_stage_planes_and_precompile_specs():
     # forward and backward (with and without the fused finalize) of each plane, plus one
     # finalize kernel, plus the 56 x 56 forward on one tile with its coarse levels inside
     # and the 28 x 28 split forward (the pre-pass, the coarse problem's forward, the
-    # tiles), plus the weights-only backward of each plane (both finalize choices: large
-    # batches take dx from the forward kernels) and one wtconv_flip
+    # tiles: one plane a block, and four where B is a multiple of four), plus the
+    # weights-only backward of each plane (both finalize choices: large batches take dx
+    # from the forward kernels) and one wtconv_flip
     from wtconv_cuda.kernels.codegen import FinalizeSpec
     from wtconv_cuda.kernels.coarse import CoarseSpec
     from wtconv_cuda.kernels.flip import FlipSpec
     from wtconv_cuda.kernels.tiles import TileSpec
-    assert len(specs) == 7 + 4 + 5 and len(set(specs)) == len(specs)
+    assert len(specs) == 7 + 5 + 5 and len(set(specs)) == len(specs)
     kinds = [type(s) for s in specs]
     assert kinds.count(CoarseSpec) == kinds.count(FlipSpec) == kinds.count(FinalizeSpec) == 1
-    tiles = sorted((s.tile, s.inner_levels) for s in specs if isinstance(s, TileSpec))
-    assert tiles == [(32, 0), (56, 3)]
+    tiles = sorted((s.tile, s.inner_levels, s.planes) for s in specs if isinstance(s, TileSpec))
+    assert tiles == [(32, 0, 1), (32, 0, 4), (56, 3, 1)]
     assert sum(getattr(s, "fused_finalize", False) for s in specs) == 4
     assert sum(getattr(s, "weights_only", False) for s in specs) == 4
