@@ -558,11 +558,12 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
     geo.setflags(write=False)  # shared by every call through the plan cache
     header = tuple(np.int64(v) for v in geo[:len(HEADER_FIELDS)])
     blocks = -(-(units if backward else planes) // group)
+    block = compiler.block_threads(spec)  # the .maxntid of its PTX
     if scratch:
         blocks = max(1, min(blocks, max_slots // group))
-        return Launch(spec, blocks, threads * group, 0, blocks * group * layout.slot_floats,
+        return Launch(spec, blocks, block, 0, blocks * group * layout.slot_floats,
                       geo, layout.ntaps, header, rb, units, upart, dims)
-    return Launch(spec, blocks, threads * group, group * slot_bytes, 0, geo, layout.ntaps,
+    return Launch(spec, blocks, block, group * slot_bytes, 0, geo, layout.ntaps,
                   header, rb, units, upart, dims)
 
 
@@ -908,16 +909,17 @@ def whole_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
     if sizes[0] and planes > 1 and p.batch % planes == 0:  # planes of one channel a block
         several = spec._replace(planes=planes)
         if 4 * shared_floats(several) <= shared_limit:
-            spec, grid, threads = several, grid // planes, threads * planes
+            spec, grid = several, grid // planes
     if sizes[0]:  # the rules above read the general halos; a whole plane needs less
         shared_bytes = 4 * shared_floats(spec)
+    block = compiler.block_threads(spec)  # the .maxntid of its PTX
     if not backward:
-        return TileLaunch(spec, grid, threads, shared_bytes, tiles_x, ntiles)
+        return TileLaunch(spec, grid, block, shared_bytes, tiles_x, ntiles)
     ntaps = p.kernel_size ** 2 * (1 + 4 * p.levels) + 1
     dims = np.array([p.batch, p.channels, p.levels, int(p.has_bias), p.batch * ntiles],
                     dtype=np.int64)
     dims.setflags(write=False)
-    return TileLaunch(spec, grid, threads, shared_bytes, tiles_x, ntiles, ntaps, dims)
+    return TileLaunch(spec, grid, block, shared_bytes, tiles_x, ntiles, ntaps, dims)
 
 
 #: Threads per block of the register kernel (one plane each).
