@@ -8,6 +8,7 @@ measured device-to-device copy bandwidth; PyTorch's depthwise 7x7 for scale;
 and the host cost of a tiny call measured end to end from Python.
 
     python benchmarks/kernel_bench.py --json out.json
+    python benchmarks/kernel_bench.py --dtypes float32 --edges 56 28   # two stages only
 """
 
 from __future__ import annotations
@@ -112,7 +113,11 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", default=None)
     parser.add_argument("--dtypes", nargs="+", default=["float32", "float16"])
+    parser.add_argument("--edges", nargs="+", type=int, default=None,
+                        help="time only the configurations with these plane edges (H), "
+                             "e.g. 56 28 for two ConvNeXt-T stages")
     args = parser.parse_args()
+    configs = [cfg for cfg in CONFIGS if args.edges is None or cfg[2] in args.edges]
     try:
         import torch
         torch.backends.cudnn.benchmark = True
@@ -122,7 +127,7 @@ def main():
     print(f"copy bandwidth: {bandwidth / 1e12:.2f} TB/s")
     rows = []
     for dtype in args.dtypes:
-        for cfg in CONFIGS:
+        for cfg in configs:
             row = bench_config(cfg, np.dtype(dtype).type, bandwidth, torch)
             rows.append(row)
             print(f"{str(tuple(cfg)):28s} {dtype:8s} fwd {row['forward_ms']:.3f} ms "

@@ -43,7 +43,9 @@
 #              forward and backward (~6 min cold)
 #   ab         kernel-level A/B: benchmarks/kernel_bench.py (fp32) on the tree in
 #              $AB_BASE (e.g. made with `git archive REV | tar -x -C ab_base`)
-#              and on the working tree, alternately, twice each      (~6 min cold)
+#              and on the working tree, alternately, twice each      (~6 min cold);
+#              $AB_ARGS adds options to both sides (e.g. "--edges 56 28": two stages;
+#              the base's benchmarks/ must know them)
 #   bwdprofile the plane backward at the ConvNeXt-T stages 56 and 28 (14 runs the lane
 #              kernels): its time with phases cut out (backward_breakdown.py), then ncu
 #              instruction counts, lane use, occupancy and stalls     (~5 min cold)
@@ -654,11 +656,13 @@ print(*sorted({f"{h}x{w}:{lv}" for _, _, h, w, lv, _ in CONFIGS}))')
       for side in base new; do
         echo "-- $side, round $round"
         if [ "$side" = base ]; then
+          # shellcheck disable=SC2086  # AB_ARGS is a list of options
           (cd "$base" && PYTHONPATH=$base_path timeout 240 python3 \
-            benchmarks/kernel_bench.py --dtypes float32 --json "$OUT/ab_${side}_$round.json") \
-            || rc=1
+            benchmarks/kernel_bench.py --dtypes float32 ${AB_ARGS:-} \
+            --json "$OUT/ab_${side}_$round.json") || rc=1
         else
-          timeout 240 python3 benchmarks/kernel_bench.py --dtypes float32 \
+          # shellcheck disable=SC2086
+          timeout 240 python3 benchmarks/kernel_bench.py --dtypes float32 ${AB_ARGS:-} \
             --json "$OUT/ab_${side}_$round.json" || rc=1
         fi
       done

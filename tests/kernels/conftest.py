@@ -6,6 +6,10 @@ runs beside the simulator tests, which use one core, and the marked tests run la
 wait for it: on a two-core CI machine the compile's quarter of an hour overlaps the
 rest of the suite instead of following it.
 
+``nan_shared`` starts every simulated block's dynamic shared memory as NaN (a
+GPU does not zero it; the simulator does), so a value a kernel reads before it
+writes it shows in its outputs.
+
 ``without_lane_rule`` plans as if the lane kernels' default rule were off: tests of
 the tiles, splits and plane kernel at 14 x 14 (which the rule now takes) use it.
 """
@@ -75,3 +79,17 @@ def without_lane_rule(monkeypatch):
     yield
     monkeypatch.undo()
     launch.clear_plan_caches()
+
+
+@pytest.fixture
+def nan_shared(monkeypatch):
+    """Blocks of numba's simulator start with all-ones bytes (float32 NaN) in their
+    dynamic shared memory."""
+    from numba.cuda.simulator import kernelapi
+    zeroed = kernelapi.FakeCUDAShared.__init__
+
+    def poisoned(self, dynshared_size):
+        zeroed(self, dynshared_size)
+        self._dynshared[:] = -1
+
+    monkeypatch.setattr(kernelapi.FakeCUDAShared, "__init__", poisoned)

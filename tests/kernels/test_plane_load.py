@@ -4,8 +4,9 @@ with compile-time sizes (``TileSpec.height``/``width``, ``tiles._emit_plane_load
 The planner runs anywhere; the kernels run in numba's CUDA simulator against
 the float64 oracle and bit for bit against the row-pair load of the same tile
 (the values land in the same places: no sum changes). The simulator zeroes a
-block's dynamic shared memory, a GPU does not: here it starts as NaN, so a
-halo element the load leaves unwritten shows.
+block's dynamic shared memory, a GPU does not: here it starts as NaN (the
+``nan_shared`` fixture of ``conftest.py``), so a halo element the load leaves
+unwritten shows.
 """
 
 import os
@@ -23,20 +24,6 @@ from ._oracle import random_layer
 simulator = pytest.mark.skipif(os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
                                reason="needs numba's CUDA simulator")
 LIMIT = 227 * 1024 - 1024
-
-
-@pytest.fixture
-def nan_shared(monkeypatch):
-    """Blocks of numba's simulator start with all-ones bytes (float32 NaN) in their
-    dynamic shared memory."""
-    from numba.cuda.simulator import kernelapi
-    zeroed = kernelapi.FakeCUDAShared.__init__
-
-    def poisoned(self, dynshared_size):
-        zeroed(self, dynshared_size)
-        self._dynshared[:] = -1
-
-    monkeypatch.setattr(kernelapi.FakeCUDAShared, "__init__", poisoned)
 
 
 def test_planner_sets_the_plane_of_one_tile_per_plane_forwards():

@@ -16,7 +16,7 @@ from wtconv_cuda.kernels.launch import (
     TILE_SOLO_THREADS, TILE_THREADS, Problem, SimulatorBackend, Tuning, Weights, plan_plane,
     plan_tiles, run_backward, run_forward, work_buffers,
 )
-from wtconv_cuda.kernels.layout import LevelTapPlan, level_shapes, level_tap_plan
+from wtconv_cuda.kernels.layout import HEADER, LevelTapPlan, level_shapes, level_tap_plan
 from wtconv_cuda.kernels.tiles import analysis_plan
 
 from ..conftest import random_weights
@@ -128,6 +128,23 @@ def test_level_taps_in_phases(rng, dx_forward):
     plan = level_tap_plan(tuple(level_shapes(17, 23, 5)), 5, 32)
     assert plan == LevelTapPlan((5, 3, 1, 1, 1), (1, 5, 5, 5, 5), 30)
     assert_close(run_layer(rng, (1, 2, 17, 23), 5, 5, 1, tuning=tuning), DTYPES["float32"][1])
+
+
+@pytest.mark.parametrize("shape,levels,k,threads,tail", [((2, 2, 9, 7), 2, 3, 32, 16),
+                                                          ((2, 2, 9, 7), 2, 3, 16, 0)])
+def test_weights_only_zeroes_its_slot_once(rng, nan_shared, shape, levels, k, threads, tail):
+    """The weights-only kernel zeroes its slot's ``x`` pyramid and ``dy`` grids once per
+    launch (``codegen._emit_zero_fill``: a constant count, ``threads`` a step, and a tail
+    store where the count leaves one), then relies on their halos staying zero. With
+    shared memory starting as NaN, as a GPU may leave it, its gradients still match the
+    oracle; a fill that stops short by one round or skips the tail gives NaN."""
+    tuning = Tuning(threads=threads, dx_forward=True)
+    problem = Problem(*shape, k, levels, 1, "float32", True)
+    plan = plan_plane(problem, True, 227 * 1024, 1, tuning)
+    count = int(plan.geo[HEADER["p_off"]] - plan.geo[HEADER["a_off"]])
+    assert plan.spec.weights_only and plan.spec.threads == threads
+    assert count % threads == tail
+    assert_close(run_layer(rng, shape, levels, k, 1, tuning=tuning), DTYPES["float32"][1])
 
 
 @pytest.mark.parametrize("dx_forward", [False, True])

@@ -23,7 +23,6 @@ from wtconv_cuda.kernels.tiles import (
 
 from ._backends import RecordingBackend
 from ._oracle import random_layer
-from .test_plane_load import nan_shared  # noqa: F401  (a fixture)
 
 simulator = pytest.mark.skipif(os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
                                reason="needs numba's CUDA simulator")
@@ -105,7 +104,7 @@ def test_repr_leaves_out_one_plane():
     ((4, 3, 28, 28), 4, 5, "float32", Tuning(split=2, tile=32, threads=32)),  # the stage's
     ((4, 2, 13, 15), 2, 3, "float16", Tuning(tiles=True, tile=16, threads=32)),
 ])
-def test_planes_give_the_same_bits(rng, nan_shared, shape, levels, k, storage, tuning):  # noqa: F811
+def test_planes_give_the_same_bits(rng, nan_shared, shape, levels, k, storage, tuning):
     x, wts, weights, problem = random_layer(rng, shape, levels, k, 1, storage, True)
     outputs = []
     for planes in (1, 2, 4):

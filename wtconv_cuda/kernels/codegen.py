@@ -317,6 +317,27 @@ def _level(e: "_Emitter", level, field: str) -> str:
     return _lvl(level, field)
 
 
+def _emit_zero_fill(e: _Emitter, T: int) -> None:
+    """Zero a ``weights_only`` slot's ``[a_off, p_off)`` once per launch, ``T`` threads.
+
+    With the plane's table compiled in, the count is a constant: a ``while``
+    loop over ``count // T`` stores and one guarded tail store, which ptxas
+    unrolls by 16 at about 1.4 instructions a store. A ``range(tid, count, T)``
+    loop keeps numba's 64-bit range bookkeeping in every unrolled step: 41
+    instructions for 4 stores, constant count or not, which at 56 x 56 made the
+    zeroing 6-7% of the weights-only kernel's executed instructions.
+    """
+    if e.geo is None:
+        e(f"for i in range(tid, p_off - a_off, {T}):", "    S[sb + a_off + i] = fz")
+        return
+    start = int(e.geo[HEADER["a_off"]])
+    full, tail = divmod(int(e.geo[HEADER["p_off"]]) - start, T)
+    e(f"zb = sb + {start} + tid", f"zend = zb + {full * T}", "while zb < zend:",
+      "    S[zb] = fz", f"    zb += {T}")
+    if tail:
+        e(f"if tid < {tail}:", "    S[zend] = fz")
+
+
 def _butterfly(emit: _Emitter, out: str, idx, base: str, phase: str) -> None:
     """Haar butterfly of one coefficient's 2x2 block, stored as four phase planes.
 
@@ -422,9 +443,8 @@ def plane_kernel_source(spec: PlaneSpec) -> str:
             e(f"gsrc0 = {_level(e, 0, 'gsrc')}", f"gsp0 = {_level(e, 0, 'gpitch')}",
               f"gsph0 = {_level(e, 0, 'gphase')}",
               "# The x pyramid's halos and the dy grids' padding stay zero for the",
-              "# whole launch.",
-              f"for i in range(tid, p_off - a_off, {T}):",
-              "    S[sb + a_off + i] = fz")
+              "# whole launch.")
+            _emit_zero_fill(e, T)
         else:
             e("# The halos of region A stay zero for the whole launch.",
               f"for i in range(tid, a_len, {T}):",
