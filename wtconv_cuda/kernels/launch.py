@@ -2034,6 +2034,13 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
             _run_finalize(backend, problem, partial, weights, grads, lanes.finalize_dims,
                           lanes.ntaps)
             return
+    _run_plane_backward(backend, problem, x, dy, dx, weights, grads, launch)
+
+
+def _run_plane_backward(backend, problem: Problem, x, dy, dx, weights: Weights,
+                        grads: Weights, launch: Launch) -> None:
+    """The plane kernel's backward launch (``dx`` too unless ``weights_only``), then
+    ``wtconv_finalize`` unless the kernel writes the gradients itself."""
     geo = backend.table(launch.geo)
     fused = launch.spec.fused_finalize  # the plane kernel writes the gradients itself
     partial = geo if fused else backend.float32(launch.partial_floats)
@@ -2041,10 +2048,9 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
     args = (dy, dx, x, *weights, partial, scratch, geo, *(grads if fused else ()),
             *launch.header)
     backend.call(backend.kernel(launch.spec), launch.grid, launch.block, args, launch.shared_bytes)
-    if fused:
-        return
-
-    _run_finalize(backend, problem, partial, weights, grads, launch.finalize_dims, launch.ntaps)
+    if not fused:
+        _run_finalize(backend, problem, partial, weights, grads, launch.finalize_dims,
+                      launch.ntaps)
 
 
 def dx_from_forward(problem: Problem, shared_limit: int, max_slots: int,
