@@ -324,8 +324,8 @@ def _emit_zero_fill(e: _Emitter, T: int) -> None:
     loop over ``count // T`` stores and one guarded tail store, which ptxas
     unrolls by 16 at about 1.4 instructions a store. A ``range(tid, count, T)``
     loop keeps numba's 64-bit range bookkeeping in every unrolled step: 41
-    instructions for 4 stores, constant count or not, which at 56 x 56 made the
-    zeroing 6-7% of the weights-only kernel's executed instructions.
+    instructions for 4 stores, constant count or not; at 56 x 56 that loop executed
+    5.6% of the weights-only kernel's instructions (10.8 M of 194.6 M, ncu).
     """
     if e.geo is None:
         e(f"for i in range(tid, p_off - a_off, {T}):", "    S[sb + a_off + i] = fz")
