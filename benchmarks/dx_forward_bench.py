@@ -50,13 +50,21 @@ def weights_of(rng, c, levels, storage):
     return launch.Weights(*arrays)
 
 
-def bench_stage(stage, storage, backend):
+def stage_inputs(stage, storage):
+    """``(problem, weights, sets)`` of a stage ``(B, C, H, W, L)``: its stride-1 problem
+    with bias at `K`, random weights and three random ``(x, dy)`` sets."""
     b, c, h, w, levels = stage
     problem = launch.Problem(b, c, h, w, K, levels, 1, storage, True)
     rng = np.random.default_rng(0)
     weights = weights_of(rng, c, levels, storage)
     sets = [(random_storage(rng, (b, c, h, w), storage), random_storage(rng, (b, c, h, w), storage))
             for _ in range(3)]
+    return problem, weights, sets
+
+
+def bench_stage(stage, storage, backend):
+    b, c, h, w, levels = stage
+    problem, weights, sets = stage_inputs(stage, storage)
     dx = cupy.empty_like(sets[0][0])
     grads = launch.Weights(*(cupy.empty_like(a) for a in weights))
     itemsize = launch.ITEMSIZE[storage]
@@ -77,25 +85,32 @@ def bench_stage(stage, storage, backend):
     return row
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def stage_cli(description: str, stages, bench, describe, argv=None) -> list:
+    """The stage benchmarks' command line: ``--storage`` and ``--json``; ``bench(stage,
+    storage, backend)`` for every dtype and stage, a line ``describe(row)`` printed for
+    each; the rows written as JSON. Returns the rows."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--json", default=None)
     parser.add_argument("--storage", nargs="+", default=["float32", "bfloat16"])
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     backend = launch.CupyBackend()
     rows = []
     for storage in args.storage:
-        for stage in STAGES:
-            row = bench_stage(stage, storage, backend)
+        for stage in stages:
+            row = bench(stage, storage, backend)
             rows.append(row)
-            print(f"{str(tuple(stage)):24s} {storage:9s} " + "  ".join(
-                f"{n} {row[n]['ms']:.3f} ms {row[n]['batches']}"
-                f"{' no split' if row[n]['no_split'] else ''} "
-                f"({row[n]['dx_buffers_of_x']:.2f} x)" for n in ("one-kernel", "default", "whole")),
-                flush=True)
+            print(f"{str(tuple(stage)):24s} {storage:9s} {describe(row)}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
+    return rows
+
+
+def main():
+    stage_cli(__doc__.splitlines()[0], STAGES, bench_stage, lambda row: "  ".join(
+        f"{n} {row[n]['ms']:.3f} ms {row[n]['batches']}"
+        f"{' no split' if row[n]['no_split'] else ''} "
+        f"({row[n]['dx_buffers_of_x']:.2f} x)" for n in ("one-kernel", "default", "whole")))
 
 
 if __name__ == "__main__":

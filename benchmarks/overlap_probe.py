@@ -23,16 +23,12 @@ pay.
 
 from __future__ import annotations
 
-import argparse
-import json
-
 import cupy
-import numpy as np
 
 from wtconv_cuda._bench.core import CupyEventTimer, time_median
 from wtconv_cuda.kernels import launch
 
-from dx_forward_bench import K, random_storage, weights_of
+from dx_forward_bench import K, stage_cli, stage_inputs
 
 STAGES = [(64, 96, 56, 56, 5), (64, 192, 28, 28, 4)]
 
@@ -64,14 +60,9 @@ def poisoned_like(a, storage):
 
 
 def bench_stage(stage, storage, backend, streams):
-    b, c, h, w, levels = stage
-    problem = launch.Problem(b, c, h, w, K, levels, 1, storage, True)
-    rng = np.random.default_rng(0)
-    weights = weights_of(rng, c, levels, storage)
-    sets = [(random_storage(rng, (b, c, h, w), storage), random_storage(rng, (b, c, h, w), storage))
-            for _ in range(3)]
+    problem, weights, sets = stage_inputs(stage, storage)
     outputs = {}
-    row = dict(shape=[b, c, h, w], levels=levels, k=K, storage=storage)
+    row = dict(shape=list(stage[:4]), levels=stage[4], k=K, storage=storage)
     overlapped = two_streams(backend, problem, streams)
     for name in ("serial", "streams") * 2:  # two rounds, alternating
         dx = poisoned_like(sets[0][0], storage)
@@ -94,24 +85,12 @@ def bench_stage(stage, storage, backend, streams):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--storage", nargs="+", default=["float32", "bfloat16"])
-    args = parser.parse_args()
-    backend = launch.CupyBackend()
     streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(2)]
-    rows = []
-    for storage in args.storage:
-        for stage in STAGES:
-            row = bench_stage(stage, storage, backend, streams)
-            rows.append(row)
-            print(f"{str(tuple(stage)):24s} {storage:9s} backward serial "
-                  + " / ".join(f"{ms:.3f}" for ms in row["serial"]) + " ms, two streams "
-                  + " / ".join(f"{ms:.3f}" for ms in row["streams"])
-                  + f" ms, same bits: {row['same_bits']}", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    stage_cli(__doc__.splitlines()[0], STAGES,
+              lambda stage, storage, backend: bench_stage(stage, storage, backend, streams),
+              lambda row: "backward one stream " + " / ".join(f"{ms:.3f}" for ms in row["serial"])
+              + " ms, two streams " + " / ".join(f"{ms:.3f}" for ms in row["streams"])
+              + f" ms, same bits: {row['same_bits']}")
 
 
 if __name__ == "__main__":
