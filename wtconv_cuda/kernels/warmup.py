@@ -43,15 +43,15 @@ def variants(kernel_sizes, storages, strides, plane_sizes, levels=range(7),
 
     The planner's choice depends on the batch size and channel count only
     through whether a backward block writes the gradients itself
-    (``PlaneSpec.fused_finalize``) and how large a problem is
+    (``PlaneSpec.fused_finalize``), how large a problem is
     (:data:`~wtconv_cuda.kernels.launch.SPLIT_MIN_PIXELS`, and the size rules
-    of some tile sizes: :data:`LARGE_PIXELS` lists them), so a single-plane
+    of some tile sizes: :data:`LARGE_PIXELS` lists them) and whether ``B`` is
+    a multiple of a block's planes (whole-plane tiles with several planes a
+    block, ``TileSpec.planes``, and the lane kernels). So a single-plane
     problem and one of each size in :data:`LARGE_PIXELS` per combination of
-    the options (its batch also rounded up to a multiple of 16: the planner
-    gives a whole-plane tile's block several planes, ``TileSpec.planes``, and
-    takes the lane kernels, only where ``B`` is a multiple of a block's planes),
-    plus the other
-    finalize choice of each backward spec, cover them all. Where the planner runs a pass on tiles
+    the options, its batch also rounded up to a multiple of 16, plus the other
+    finalize choice of each backward spec, cover them all. Where the planner
+    runs a pass on tiles
     (:func:`~wtconv_cuda.kernels.launch.plan_tiles`), the tile spec is listed
     before the plane specs, which stay in the list (``Tuning(tiles=False)``
     runs them); where it splits a pass
