@@ -16,6 +16,7 @@ import numpy as np
 from ._validate import output_shape
 from .kernels.driver import DeviceScope
 from .kernels.launch import CupyBackend, Problem, Weights
+from .kernels.driver import side_stream
 from .kernels.program import record, run_direct
 from .weights import WTConvWeights
 
@@ -91,7 +92,8 @@ def _launch(device_id: int, problem: Problem, backward: bool, arrays: tuple) -> 
         run_direct(_backend(device_id), problem, backward, arrays)
     else:
         program.run([a.data.ptr for a in arrays], _allocate,
-                    cupy.cuda.get_current_stream().ptr)
+                    cupy.cuda.get_current_stream().ptr,
+                    side_stream(device_id) if program.forks else None)
 
 
 def _problem(x, w: WTConvWeights, levels: int, stride: int):

@@ -3,11 +3,17 @@
 No kernel runs: a direct run of ``run_forward`` / ``run_backward`` against a
 backend of plain integer addresses logs every work-buffer request, release and
 launch; the recorded program, replayed on the same addresses with an allocator
-that hands out the same buffers in order, must log the same events.
+that hands out the same buffers in order, must log the same events. With two
+streams (``launch.TWO_STREAMS``) a backward's fork region moves the main
+part's requests ahead: there the launches must match with their buffers
+compared by size and offset, and the region must keep the two parts apart.
 """
 
 import pytest
 
+from wtconv_cuda.kernels import launch as launch_module
+from wtconv_cuda.kernels.codegen import FinalizeSpec
+from wtconv_cuda.kernels.flip import FlipSpec
 from wtconv_cuda.kernels.launch import ITEMSIZE, Problem, Tuning, Weights, run_backward, run_forward
 from wtconv_cuda.kernels import program as program_module
 from wtconv_cuda.kernels.program import BACKWARD_SLOTS, FORWARD_SLOTS, record
@@ -81,8 +87,24 @@ class _Owner:
         self.log.append(("release", self.address))
 
 
-def _replay(monkeypatch, program, addresses, log):
-    """``program.run`` with the driver call and the allocator logging into ``log``."""
+class _SideStream:
+    """Stands in for ``driver.SideStream``: logs its fork and join."""
+
+    handle = 0xBEEF
+
+    def __init__(self, log):
+        self.log = log
+
+    def fork(self, main):
+        self.log.append(("fork", main))
+
+    def join(self, main):
+        self.log.append(("join", main))
+
+
+def _replay(monkeypatch, program, addresses, log, side=None):
+    """``program.run`` with the driver call and the allocator logging into ``log``
+    (launches on the side stream as ``"side launch"``)."""
     count = [0]
 
     def allocate(n):
@@ -92,11 +114,12 @@ def _replay(monkeypatch, program, addresses, log):
         return _Owner(address, log), address
 
     def launch_packed(function, grid, block, shared_bytes, stream, values):
-        assert stream == STREAM
-        log.append(("launch", function, grid, block, shared_bytes, tuple(values)))
+        assert stream in (STREAM, _SideStream.handle)
+        kind = "launch" if stream == STREAM else "side launch"
+        log.append((kind, function, grid, block, shared_bytes, tuple(values)))
 
     monkeypatch.setattr(program_module, "launch_packed", launch_packed)
-    program.run(addresses, allocate, STREAM)
+    program.run(addresses, allocate, STREAM, side)
 
 
 def _without_final_releases(log):
@@ -122,12 +145,8 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("backward", [False, True])
-@pytest.mark.parametrize("shape,levels,stride,storage,tuning", CASES)
-def test_replay_issues_the_planners_launches(monkeypatch, shape, levels, stride, storage, tuning,
-                                             backward):
-    problem = Problem(*shape, 5, levels, stride, storage, True)
-    device = _Device()
+def _direct_run(problem, backward, tuning, device):
+    """The planner's launches on ``device``'s handles, logged; and the array addresses."""
     slots = BACKWARD_SLOTS if backward else FORWARD_SLOTS
     addresses = [ARRAYS + (s << 32) for s in range(slots)]
     direct = []
@@ -137,9 +156,21 @@ def test_replay_issues_the_planners_launches(monkeypatch, shape, levels, stride,
                      Weights(*addresses[8:13]), tuning)
     else:
         run_forward(backend, problem, *addresses[:2], Weights(*addresses[2:7]), tuning)
+    return direct, addresses
+
+
+@pytest.mark.parametrize("backward", [False, True])
+@pytest.mark.parametrize("shape,levels,stride,storage,tuning", CASES)
+def test_replay_issues_the_planners_launches(monkeypatch, shape, levels, stride, storage, tuning,
+                                             backward):
+    monkeypatch.setattr(launch_module, "TWO_STREAMS", False)
+    problem = Problem(*shape, 5, levels, stride, storage, True)
+    device = _Device()
+    direct, addresses = _direct_run(problem, backward, tuning, device)
 
     program = record(problem, backward, LIMIT, SLOTS, device.function_of,
                      device.table_address, tuning)
+    assert not program.forks
     replayed = []
     _replay(monkeypatch, program, addresses, replayed)
     assert _without_final_releases(replayed) == _without_final_releases(direct)
@@ -147,6 +178,117 @@ def test_replay_issues_the_planners_launches(monkeypatch, shape, levels, stride,
     # every buffer the program asked for was dropped by the time it finished
     assert sorted(e[2] for e in replayed if e[0] == "alloc") == sorted(
         e[1] for e in replayed if e[0] == "release")
+
+
+def _canonical_launches(log):
+    """The log's launches, each argument inside a work buffer written as (its buffer's
+    size, the offset), with the launch's stream; and the buffers each launch touches."""
+    sizes = {event[2]: event[1] for event in log if event[0] == "alloc"}
+    launches = []
+    for event in log:
+        if event[0].endswith("launch"):
+            args, touched = [], set()
+            for value in event[5]:
+                base = next((b for b, n in sizes.items() if 0 <= value - b < 4 * n), None)
+                if base is None:
+                    args.append(value)
+                else:
+                    args.append(("buffer", sizes[base], value - base))
+                    touched.add(base)
+            launches.append((event[0], event[1:5] + (tuple(args),), touched))
+    return launches
+
+
+@pytest.mark.parametrize("shape,levels,stride,storage,tuning", CASES)
+def test_two_streams_keep_the_parts_apart(monkeypatch, shape, levels, stride, storage, tuning):
+    """With two streams the replay issues the planner's launches in its order, the
+    ``dx`` part (flip first) on the side stream between fork and join, the weight
+    gradients (finalize last) on the main stream; no buffer is touched by both parts,
+    and none is requested in the region after a release of the other part."""
+    monkeypatch.setattr(launch_module, "TWO_STREAMS", True)
+    problem = Problem(*shape, 5, levels, stride, storage, True)
+    device = _Device()
+    direct, addresses = _direct_run(problem, True, tuning, device)
+    program = record(problem, True, LIMIT, SLOTS, device.function_of, device.table_address,
+                     tuning)
+    forking = launch_module.runs_side_by_side(problem, LIMIT, SLOTS, tuning)
+    assert program.forks == forking
+    replayed = []
+    _replay(monkeypatch, program, addresses, replayed, _SideStream(replayed))
+
+    ours, theirs = _canonical_launches(replayed), _canonical_launches(direct)
+    assert [launch[1] for launch in ours] == [launch[1] for launch in theirs]
+    assert sorted(e[1] for e in replayed if e[0] == "alloc") == sorted(
+        e[1] for e in direct if e[0] == "alloc")
+    kinds = [event[0] for event in replayed]
+    if not forking:
+        assert "side launch" not in kinds and "fork" not in kinds and "join" not in kinds
+        return
+    assert kinds.count("fork") == 1 and kinds.count("join") == 1
+    assert ("fork", STREAM) in replayed and ("join", STREAM) in replayed
+    fork, join = kinds.index("fork"), kinds.index("join")
+    region = replayed[fork + 1:join]
+    side = [i for i, event in enumerate(region) if event[0] == "side launch"]
+    main = [i for i, event in enumerate(region) if event[0] == "launch"]
+    assert side and main and max(side) < min(main)  # the side part is issued first
+    assert all(event[0] != "side launch" for event in replayed[:fork] + replayed[join:])
+    spec_of = {handle: spec for spec, handle in device.functions.items()}
+    assert isinstance(spec_of[region[side[0]][1]], FlipSpec)
+    assert isinstance(spec_of[region[main[-1]][1]], FinalizeSpec)
+    # the parts share no buffer, and the main part's are all requested before the fork
+    side_buffers = set().union(*(t for kind, _, t in ours if kind == "side launch"))
+    main_buffers = set().union(*(t for kind, _, t in ours[len(ours) - len(main):]))
+    assert main_buffers and not side_buffers & main_buffers
+    assert {event[2] for event in region if event[0] == "alloc"} <= side_buffers
+
+
+#: ConvNeXt-T stages, K 5: which storages run the backward's parts side by side.
+STAGES = [((64, 96, 56, 56), 5, {"float32", "float16", "bfloat16"}),
+          ((64, 192, 28, 28), 4, {"float32"}),  # 16 bits: the buffers would not fit
+          ((64, 384, 14, 14), 3, {"float32", "float16", "bfloat16"}),
+          ((64, 768, 7, 7), 2, set())]  # the register kernel: one launch
+
+
+@pytest.mark.parametrize("shape,levels,forking", STAGES)
+@pytest.mark.parametrize("storage", ["float32", "float16", "bfloat16"])
+def test_side_by_side_keeps_the_work_buffers_bound(monkeypatch, shape, levels, forking,
+                                                   storage):
+    """The stages fork where the rule says, and the work buffers a backward's
+    program holds at once stay within ``DX_FORWARD_BUFFER_FRACTION`` of x's bytes,
+    forking or not."""
+    monkeypatch.setattr(launch_module, "TWO_STREAMS", True)
+    problem = Problem(*shape, 5, levels, 1, storage, True)
+    device = _Device()
+    program = record(problem, True, LIMIT, SLOTS, device.function_of, device.table_address)
+    assert program.forks == (storage in forking)
+    live = peak = 0
+    sizes = {}
+    for kind, slot, floats in program.steps:
+        if kind == "alloc":
+            sizes[slot] = floats
+            live += floats
+            peak = max(peak, live)
+        elif kind == "release":
+            live -= sizes[slot]
+    b, c, h, w = shape
+    assert 4 * peak <= launch_module.DX_FORWARD_BUFFER_FRACTION * b * c * h * w * ITEMSIZE[
+        storage]
+
+
+def test_one_stream_without_a_side_stream(monkeypatch):
+    """A forking program run without a side stream queues every launch on the main
+    stream, in the planner's order, and neither forks nor joins."""
+    monkeypatch.setattr(launch_module, "TWO_STREAMS", True)
+    problem = Problem(64, 192, 28, 28, 5, 4, 1, "float32", True)
+    device = _Device()
+    direct, addresses = _direct_run(problem, True, Tuning(), device)
+    program = record(problem, True, LIMIT, SLOTS, device.function_of, device.table_address)
+    assert program.forks
+    replayed = []
+    _replay(monkeypatch, program, addresses, replayed)
+    assert {event[0] for event in replayed} == {"alloc", "launch", "release"}
+    assert [launch[1] for launch in _canonical_launches(replayed)] == [
+        launch[1] for launch in _canonical_launches(direct)]
 
 
 def test_replay_moves_with_the_arrays(monkeypatch, without_lane_rule):

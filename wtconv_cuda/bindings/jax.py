@@ -379,6 +379,7 @@ def _launch(ctx, scratch, x, weights, levels, stride, has_bias, backward, addres
     from XLA's extra results (:class:`_ScratchPool`); ``addresses`` in the slot order of
     :func:`~wtconv_cuda.kernels.program.run_direct`."""
     from ..kernels.launch import Problem
+    from ..kernels.driver import side_stream
     from ..kernels.program import run_direct
 
     dtype = np.dtype(x.dtype).name
@@ -400,7 +401,8 @@ def _launch(ctx, scratch, x, weights, levels, stride, has_bias, backward, addres
             launcher = _common.PointerLauncher(kernels, stream, pool.allocate, make_table)
             run_direct(launcher, problem, backward, addresses)
         else:
-            program.run(addresses, pool.allocate, pointer)
+            program.run(addresses, pool.allocate, pointer,
+                        side_stream(device_id) if program.forks else None)
 
 
 class _ScratchPool:

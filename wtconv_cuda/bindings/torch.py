@@ -63,6 +63,7 @@ from ..weights import (
     weights_to_state_dict,
 )
 from ..kernels.launch import Problem, Weights
+from ..kernels.driver import side_stream
 from ..kernels.program import run_direct
 from . import _common
 
@@ -209,7 +210,8 @@ def _launch(device: torch.device, problem: Problem, backward: bool, addresses: t
         if program is None:
             run_direct(_launcher(device), problem, backward, addresses)
         else:
-            program.run(addresses, allocate, _current_stream(device.index))
+            program.run(addresses, allocate, _current_stream(device.index),
+                        side_stream(device.index) if program.forks else None)
 
 
 def _ptr(t) -> int:

@@ -6,16 +6,20 @@ H200 host) than a fused kernel takes on a small problem. Every parameter of
 the kernels of :mod:`wtconv_cuda.kernels` is 8 bytes wide (device addresses
 and sizes), so :func:`driver_launch` hands the driver one packed array
 instead. :class:`DeviceScope` makes sure the calling thread has the device's
-context current, which ``cuLaunchKernel`` needs.
+context current, which ``cuLaunchKernel`` needs. :func:`side_stream` gives a
+thread a second stream of a device, forked from and joined to the caller's
+stream with events, for launches that may overlap (see
+:mod:`wtconv_cuda.kernels.program`).
 
 Nothing here imports CuPy at module level.
 """
 
 from __future__ import annotations
 
+import threading
 from array import array
 
-__all__ = ["DeviceScope", "driver_launch", "launch_packed"]
+__all__ = ["DeviceScope", "SideStream", "driver_launch", "launch_packed", "side_stream"]
 
 
 class DeviceScope:
@@ -128,3 +132,85 @@ def launch_packed(function: int, grid: int, block: int, shared_bytes: int, strea
     params = array("Q", range(first, first + 8 * len(values), 8))
     _cu_launch_kernel(function, grid, 1, 1, block, 1, 1, shared_bytes, stream,
                       params.buffer_info()[0], 0)
+
+
+class SideStream:
+    """A non-blocking stream of the current device and two events, to fork and join it.
+
+    :meth:`fork` makes the side stream wait for the work queued so far on a
+    main stream; :meth:`join` makes the main stream wait for the work queued
+    so far on the side stream. Both are event records and waits, so they are
+    legal inside CUDA-graph stream capture (the side stream then joins the
+    capture). The stream is non-blocking: it does not synchronise with the
+    legacy default stream, which is often the main one. One object serves one
+    host thread (see :func:`side_stream`): its events are re-recorded by every
+    fork and join.
+    """
+
+    __slots__ = ("handle", "_stream", "_forked", "_joined", "_runtime")
+
+    def __init__(self):
+        import cupy
+
+        self._stream = cupy.cuda.Stream(non_blocking=True)
+        self._forked = cupy.cuda.Event(block=False, disable_timing=True)
+        self._joined = cupy.cuda.Event(block=False, disable_timing=True)
+        self._runtime = _cuda_runtime()
+        #: ``CUstream`` handle of the side stream.
+        self.handle = int(self._stream.ptr)
+
+    def fork(self, main: int) -> None:
+        """Make the side stream wait for everything queued on ``main`` so far.
+
+        Parameters
+        ----------
+        main : int
+            ``CUstream`` handle of the main stream (``0``: the legacy default).
+        """
+        event = self._forked.ptr
+        self._runtime.eventRecord(event, main)
+        self._runtime.streamWaitEvent(self.handle, event, 0)
+
+    def join(self, main: int) -> None:
+        """Make ``main`` wait for everything queued on the side stream so far.
+
+        Parameters
+        ----------
+        main : int
+            ``CUstream`` handle of the main stream.
+        """
+        event = self._joined.ptr
+        self._runtime.eventRecord(event, self.handle)
+        self._runtime.streamWaitEvent(main, event, 0)
+
+
+_thread_state = threading.local()
+
+
+def side_stream(device_id: int) -> SideStream:
+    """The calling thread's :class:`SideStream` on ``device_id`` (made on first use).
+
+    Per thread, because a fork records an event that the side stream then
+    waits for: two threads sharing one could each wait on the other's event.
+    Make it outside CUDA-graph capture (the first call of a problem, which
+    records its program, does).
+
+    Parameters
+    ----------
+    device_id : int
+        CUDA device ordinal.
+
+    Returns
+    -------
+    SideStream
+    """
+    streams = getattr(_thread_state, "side_streams", None)
+    if streams is None:
+        streams = _thread_state.side_streams = {}
+    side = streams.get(device_id)
+    if side is None:
+        import cupy
+
+        with cupy.cuda.Device(device_id):
+            side = streams[device_id] = SideStream()
+    return side

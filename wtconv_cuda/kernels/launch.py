@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 from itertools import product
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -267,9 +267,22 @@ DX_FORWARD_MIN_ELEMENTS = 1 << 20
 #: Most float32 work-buffer bytes, as a fraction of the bytes of ``x``, that
 #: the forward computing a backward's ``dx`` may take by default. They are
 #: live where the backward's partials (at most about 1/8) would otherwise set
-#: the peak, so a training step's peak stays within about ``2 1/6`` times the
-#: bytes of ``x`` above the inputs, against depthwise 7x7's 2 (``y``, ``dx``).
+#: the peak, or beside them within the same bound (`TWO_STREAMS`), so a
+#: training step's peak stays within about ``2 1/6`` times the bytes of ``x``
+#: above the inputs, against depthwise 7x7's 2 (``y``, ``dx``).
 DX_FORWARD_BUFFER_FRACTION = 1 / 6
+#: Whether a plane backward whose ``dx`` comes from the forward kernels issues
+#: its two independent parts, ``dx`` (``wtconv_flip`` and the forward on
+#: ``dy``) and the weight gradients (the ``weights_only`` plane kernel or the
+#: lane kernel, then ``wtconv_finalize``), to overlap on two streams where the
+#: backend can (a recorded program, :mod:`wtconv_cuda.kernels.program`: the
+#: ``dx`` part on a side stream). Both parts' work buffers are then live at once,
+#: so they do only where those fit in `DX_FORWARD_BUFFER_FRACTION` of ``x``'s
+#: bytes together (:func:`runs_side_by_side`). On an H100 it took the CuPy
+#: training step of the ConvNeXt-T stages 56 / 28 / 14, fp32, from 0.701 /
+#: 0.446 / 0.153 ms to 0.680 / 0.424 / 0.137 ms, back to back
+#: (``benchmarks/lanes_ab.py``, settings ``default`` and ``onestream``).
+TWO_STREAMS = True
 #: Most batch chunks the forward computing a backward's ``dx`` runs in, so
 #: that its work buffers (per chunk, released in between) fit in
 #: `DX_FORWARD_BUFFER_FRACTION`: each chunk issues the forward's launches
@@ -1690,7 +1703,8 @@ def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots:
         the forward runs on tiles); a ``weights_only`` plane backward first
         asks for the flipped filters (:func:`flipped_filter_floats`) and the
         buffers of the forward that computes ``dx``, once per batch chunk
-        (:func:`dx_forward_plan`); a split pass
+        (:func:`dx_forward_plan`; a recorded program that forks, `TWO_STREAMS`,
+        asks for the partials first); a split pass
         (:func:`plan_split`) asks for its two coarse work buffers first (pooled arrays, then the rest),
         then for the coarse problem's buffers (and, backward, then for the
         tiles' partials).
@@ -1967,8 +1981,9 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
     block holds all of its channels' work units (``PlaneSpec.fused_finalize``,
     see :func:`plan_plane`); where the plane kernel runs as ``weights_only``
     (:func:`dx_from_forward`), ``wtconv_flip`` and the forward's launches on
-    ``dy`` (writing ``dx``) come first. Where :func:`plan_tiles` takes the
-    backward, the tiled kernel and then ``wtconv_finalize`` over its per-tile
+    ``dy`` (writing ``dx``) come first, and a recorded program runs them on a
+    side stream beside the weight gradients (:func:`runs_side_by_side`).
+    Where :func:`plan_tiles` takes the backward, the tiled kernel and then ``wtconv_finalize`` over its per-tile
     partials. Where :func:`plan_split` splits it: ``wtconv_coarse_in``, the
     coarse problem's backward, the tiles, ``wtconv_finalize`` and
     ``wtconv_coarse_out``.
@@ -2022,19 +2037,98 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
                       tiled.ntaps)
         return
     launch = plan_plane(problem, True, backend.shared_limit, backend.max_slots, tuning)
-    if launch.spec.weights_only:  # dx from the forward kernels; the plane kernel skips it
-        _run_dx_forward(backend, problem, dy, dx, weights,
-                        dx_forward_plan(problem, backend.shared_limit, backend.max_slots,
-                                        tuning))
-        lanes = plan_lanes(problem, backend.shared_limit, backend.max_slots, tuning)
-        if lanes is not None:  # the weight gradients on the lane kernel instead
-            partial = backend.float32(lanes.partial_floats)
-            backend.call(backend.kernel(lanes.spec), lanes.grid, LANE_THREADS,
-                         (dy, x, partial, *lanes.scalars), lanes.shared_bytes)
-            _run_finalize(backend, problem, partial, weights, grads, lanes.finalize_dims,
-                          lanes.ntaps)
+    if not launch.spec.weights_only:
+        _run_plane_backward(backend, problem, x, dy, dx, weights, grads, launch)
+        return
+    # dx from the forward kernels; the weight gradients on the weights-only plane
+    # kernel, or on the lane kernel where its rule takes them
+    dx_plan = dx_forward_plan(problem, backend.shared_limit, backend.max_slots, tuning)
+    lanes = plan_lanes(problem, backend.shared_limit, backend.max_slots, tuning)
+    side_by_side = runs_side_by_side(problem, backend.shared_limit, backend.max_slots, tuning)
+
+    def weight_gradients():
+        if lanes is None:
+            _run_plane_backward(backend, problem, x, dy, dx, weights, grads, launch)
             return
-    _run_plane_backward(backend, problem, x, dy, dx, weights, grads, launch)
+        partial = backend.float32(lanes.partial_floats)
+        backend.call(backend.kernel(lanes.spec), lanes.grid, LANE_THREADS,
+                     (dy, x, partial, *lanes.scalars), lanes.shared_bytes)
+        _run_finalize(backend, problem, partial, weights, grads, lanes.finalize_dims,
+                      lanes.ntaps)
+
+    _run_side_by_side(backend, side_by_side,
+                      lambda: _run_dx_forward(backend, problem, dy, dx, weights, dx_plan),
+                      weight_gradients)
+
+
+def runs_side_by_side(problem: Problem, shared_limit: int, max_slots: int,
+                      tuning: Tuning = Tuning()) -> bool:
+    """Whether a backward's ``dx`` part may run beside its weight gradients.
+
+    True where `TWO_STREAMS` is on, ``dx`` comes from the forward kernels
+    (:func:`dx_forward_plan`) and both parts' work buffers, live at once (the
+    flipped filters and the largest ``dx`` chunk's forward buffers,
+    :func:`dx_forward_floats`, beside the weight-gradient partials), take at
+    most `DX_FORWARD_BUFFER_FRACTION` of the bytes of ``x``. At the ConvNeXt-T
+    stages that holds but at 28 x 28 in 16 bits (4.1 MB against 19.3 MB: the
+    split forward's float32 buffers do not shrink with the storage), where an
+    H100's training step peaked at 1.12 times depthwise 7x7's with two streams.
+
+    Parameters
+    ----------
+    problem : Problem
+        The layer call.
+    shared_limit, max_slots : int
+        The backend's limits, as passed to :func:`plan_plane`.
+    tuning : Tuning, optional
+        Launch-shape overrides.
+
+    Returns
+    -------
+    bool
+    """
+    if not TWO_STREAMS or plan_registers(problem, shared_limit, tuning, True) is not None:
+        return False
+    if plan_split(problem, shared_limit, tuning, True) is not None:
+        return False
+    if plan_tiles(problem, shared_limit, tuning, True) is not None:
+        return False
+    launch = plan_plane(problem, True, shared_limit, max_slots, tuning)
+    if not launch.spec.weights_only:
+        return False
+    dx_plan = dx_forward_plan(problem, shared_limit, max_slots, tuning)
+    lanes = plan_lanes(problem, shared_limit, max_slots, tuning)
+    if lanes is not None:
+        weight_floats = lanes.partial_floats
+    else:
+        weight_floats = launch.scratch_floats + (
+            0 if launch.spec.fused_finalize else launch.partial_floats)
+    floats = dx_forward_floats(problem, dx_plan.batches, shared_limit, max_slots,
+                               dx_plan.tuning) + weight_floats
+    x_bytes = problem.batch * problem.channels * problem.height * problem.width * ITEMSIZE[
+        problem.storage]
+    return 4 * floats <= DX_FORWARD_BUFFER_FRACTION * x_bytes
+
+
+def _run_side_by_side(backend, side_by_side: bool, side_part: Callable,
+                      main_part: Callable) -> None:
+    """Issue two independent parts of a call, ``side_part`` first.
+
+    Where ``side_by_side`` (:func:`runs_side_by_side`), a backend with
+    ``fork`` (:class:`~wtconv_cuda.kernels.program._Recorder`) is told where
+    they start and end, so that a recorded program runs ``side_part`` on a
+    side stream beside ``main_part``; otherwise, or on any other backend, they
+    go one after the other on the backend's stream."""
+    fork = getattr(backend, "fork", None) if side_by_side else None
+    if fork is None:
+        side_part()
+        main_part()
+        return
+    fork()
+    side_part()
+    backend.resume()
+    main_part()
+    backend.join()
 
 
 def _run_plane_backward(backend, problem: Problem, x, dy, dx, weights: Weights,

@@ -18,6 +18,17 @@ order. :meth:`Program.run` allocates the buffers in that order, patches the
 addresses in and calls ``cuLaunchKernel``: the same launches, with the same
 arguments, as the planner's path (a CPU test checks this problem by problem).
 
+Where the planner marks two independent parts of a call (``fork``, ``resume``
+and ``join`` on the backend, see ``launch.TWO_STREAMS``), the program keeps a
+fork region: the main part's work-buffer requests first, then ``fork``, the
+side part's steps (its launches on a side stream), the main part's launches
+and releases, and ``join``. All buffers come from the caller's allocator on
+the main stream. Within the region a request that follows a release comes
+from the side part, after its own release (batch chunks of the ``dx``
+forward, ordered on the side stream), so memory still in use on one stream
+is never handed to the other; what is released there is next handed to a
+request after the join, for work that the main stream queues after it.
+
 Nothing here imports CuPy at module level.
 """
 
@@ -26,7 +37,7 @@ from __future__ import annotations
 from array import array
 from typing import Callable, NamedTuple
 
-from .driver import launch_packed
+from .driver import SideStream, launch_packed
 from .launch import ITEMSIZE, Problem, Tuning, Weights, run_backward, run_forward
 
 __all__ = ["Launch", "Program", "record", "run_direct", "FORWARD_SLOTS", "BACKWARD_SLOTS"]
@@ -75,22 +86,31 @@ class Program:
     slots : int
         Array slots (`FORWARD_SLOTS` or `BACKWARD_SLOTS`).
     steps : tuple of (str, object, int)
-        In order: ``("alloc", slot, floats)``, ``("release", slot, 0)`` and
-        ``("launch", Launch, 0)``.
+        In order: ``("alloc", slot, floats)``, ``("release", slot, 0)``,
+        ``("launch", Launch, stream)`` (``stream`` 1 on the side stream, else
+        0), ``("fork", 0, 0)`` and ``("join", 0, 0)``.
+
+    Attributes
+    ----------
+    forks : bool
+        Whether some launches may go on a side stream (pass ``side`` to
+        :meth:`run`).
     """
 
-    __slots__ = ("slots", "steps", "buffers")
+    __slots__ = ("slots", "steps", "buffers", "forks")
 
     def __init__(self, slots: int, steps: tuple):
         self.slots = slots
         self.steps = steps
         self.buffers = sum(1 for step in steps if step[0] == "alloc")
+        self.forks = any(step[0] == "fork" for step in steps)
 
     def __repr__(self):
         launches = sum(1 for step in self.steps if step[0] == "launch")
         return f"Program({launches} launches, {self.buffers} work buffers)"
 
-    def run(self, addresses, allocate: Callable, stream: int) -> None:
+    def run(self, addresses, allocate: Callable, stream: int,
+            side: SideStream | None = None) -> None:
         """Queue the program's launches on ``stream`` (asynchronous).
 
         Parameters
@@ -103,6 +123,10 @@ class Program:
             recorded release, or on return (after the last launch is queued).
         stream : int
             ``CUstream`` handle. The caller makes the device's context current.
+        side : SideStream, optional
+            Where the side part of a fork region runs (forked from ``stream``
+            and joined to it, see :func:`~wtconv_cuda.kernels.driver.side_stream`);
+            without it every launch goes on ``stream``, in the same order.
 
         Raises
         ------
@@ -115,18 +139,24 @@ class Program:
         if self.buffers:
             base += [0] * self.buffers
             owners = {}
-        for kind, step, floats in self.steps:
+        streams = (stream, stream if side is None else side.handle)
+        for kind, step, value in self.steps:
             if kind == "launch":
                 values = array("Q", step.template)
                 for index, slot, offset in step.patches:
                     values[index] = base[slot] + offset
-                launch_packed(step.function, step.grid, step.block, step.shared_bytes, stream,
-                              values)
+                launch_packed(step.function, step.grid, step.block, step.shared_bytes,
+                              streams[value], values)
             elif kind == "alloc":
-                owners[step], address = allocate(floats)
+                owners[step], address = allocate(value)
                 base[step] = int(address)
-            else:
+            elif kind == "release":
                 del owners[step]
+            elif side is not None:
+                if kind == "fork":
+                    side.fork(stream)
+                else:
+                    side.join(stream)
 
 
 class _NoDriverHandle(Exception):
@@ -146,6 +176,24 @@ class _Recorder:
         self._table_address = table_address
         self._next_slot = slots
         self.steps: list = []
+        self._region = None  # (main allocations, side steps, main steps) within a fork
+        self._to = self.steps  # where the next step goes
+        self._stream = 0
+
+    def fork(self) -> None:
+        """Start a fork region; its steps, up to :meth:`resume`, go on the side stream."""
+        self._region = ([], [], [])
+        self._to, self._stream = self._region[1], 1
+
+    def resume(self) -> None:
+        """The region's following steps go on the main stream."""
+        self._to, self._stream = self._region[2], 0
+
+    def join(self) -> None:
+        """End the region: lay it out as the module's docstring says."""
+        main_allocations, side, main = self._region
+        self.steps += main_allocations + [("fork", 0, 0)] + side + main + [("join", 0, 0)]
+        self._region, self._to, self._stream = None, self.steps, 0
 
     def kernel(self, spec):
         function = self._function_of(spec)
@@ -159,11 +207,12 @@ class _Recorder:
     def float32(self, n: int) -> int:
         slot = self._next_slot
         self._next_slot += 1
-        self.steps.append(("alloc", slot, max(int(n), 1)))
+        to = self._region[0] if self._region is not None and self._stream == 0 else self._to
+        to.append(("alloc", slot, max(int(n), 1)))
         return _slot_address(slot)
 
     def release(self, buffer) -> None:
-        self.steps.append(("release", (int(buffer) >> SLOT_SHIFT) - 1, 0))
+        self._to.append(("release", (int(buffer) >> SLOT_SHIFT) - 1, 0))
 
     def entries(self, array_, start: int, count: int, storage: str) -> int:
         return int(array_) + ITEMSIZE[storage] * int(start)
@@ -180,8 +229,9 @@ class _Recorder:
                         for i, v in enumerate(values) if v >> SLOT_SHIFT)
         for i, _, _ in patches:
             values[i] = 0
-        self.steps.append(("launch", Launch(int(function), int(grid), int(block),
-                                            int(shared_bytes), array("Q", values), patches), 0))
+        self._to.append(("launch", Launch(int(function), int(grid), int(block),
+                                          int(shared_bytes), array("Q", values), patches),
+                         self._stream))
 
 
 def run_direct(backend, problem: Problem, backward: bool, arrays,
