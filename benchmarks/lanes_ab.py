@@ -22,7 +22,9 @@ back to one thread a plane within the partials' bound, with two they keep two;
 ``blocked``: the default rules with the weights-only plane kernel's correlations on
 register blocks, ``BLOCKED_WEIGHTS``, at the planes the lane kernel does not take:
 the 56 x 56 and 28 x 28 stages; ``planes1``: the default rules with one plane a block
-in the 28 x 28 stage's split tile, whose rule takes four) for ``--rounds`` rounds, plan
+in the 28 x 28 stage's split tile, whose rule takes four; ``onestream``: the default
+rules with the backward's two parts on one stream, ``TWO_STREAMS`` off) for
+``--rounds`` rounds, plan
 and program caches cleared at every switch, kernels compiled beforehand, and prints in
 us the median over ``--repeats`` calls with rotating inputs of ``fwd`` and ``step``
 (events around one forward, or one forward and backward, after the GPU went
@@ -81,15 +83,20 @@ SETTINGS = {"plane": (0, 2, 0, 2, _REG, _REG_THREADS, 1, False),
             "default": _DEFAULT, "groups1": _DEFAULT[:-2] + (1, _DEFAULT[-1]),
             "groups2": _DEFAULT[:-2] + (2, _DEFAULT[-1]),
             "blocked": _DEFAULT[:-1] + (True,)}
-#: Every setting keeps the small-plane split rules as they stand (SPLIT_SMALL_TILES),
-#: but planes1: the default rules with one plane a block in the whole-plane forward
-#: tiles (the 28 x 28 stage's rule takes four).
-SETTINGS = {name: rules + (launch.SPLIT_SMALL_TILES,) for name, rules in SETTINGS.items()}
+#: Every setting keeps the small-plane split rules as they stand (SPLIT_SMALL_TILES)
+#: and the backward's two streams (TWO_STREAMS), but planes1: the default rules with
+#: one plane a block in the whole-plane forward tiles (the 28 x 28 stage's rule takes
+#: four), and onestream: the default rules with the backward's dx part and weight
+#: gradients one after the other on the caller's stream.
+SETTINGS = {name: rules + (launch.SPLIT_SMALL_TILES, launch.TWO_STREAMS)
+            for name, rules in SETTINGS.items()}
 SETTINGS["planes1"] = _DEFAULT + ({edge: rule._replace(planes=1)
-                                   for edge, rule in launch.SPLIT_SMALL_TILES.items()},)
+                                   for edge, rule in launch.SPLIT_SMALL_TILES.items()},
+                                  launch.TWO_STREAMS)
+SETTINGS["onestream"] = _DEFAULT + (launch.SPLIT_SMALL_TILES, False)
 _RULES = ("LANES_MAX_PIXELS", "LANES_DEFAULT", "LANES_FORWARD_MAX_PIXELS",
           "LANES_FORWARD_DEFAULT", "REGISTER_MAX_PIXELS", "REGISTER_THREADS",
-          "LANE_GROUPS_MAX", "BLOCKED_WEIGHTS", "SPLIT_SMALL_TILES")
+          "LANE_GROUPS_MAX", "BLOCKED_WEIGHTS", "SPLIT_SMALL_TILES", "TWO_STREAMS")
 #: The H200 backend's limits (CupyBackend: opt-in shared memory less 1 KB, two slots
 #: per multiprocessor), for --compile-only.
 H200_LIMITS = (227 * 1024 - 1024, 2 * 132)

@@ -72,6 +72,9 @@
 #   lanehotspots  the same for the lane kernels (forward and weight gradients, forced on)
 #              at 64x384x14x14, L3, K5, fp32 ($LANEHOT_SHAPE, $LANEHOT_THREADS: "1 2 2,4")
 #                                                                   (~2 min warm)
+#   streams    the backward's dx part on a side stream (launch.TWO_STREAMS): its GPU tests
+#              and the binding tests of streams and graphs, then lanes_ab.py default / onestream at the
+#              ConvNeXt-T stages 56, 28 and 14, fp32 and bf16; carry ptx-Kbench (~5 min)
 #   tiledtypes the paper grid's forward and training step per dtype (fp32 / fp16 / bf16), on
 #              $AB_BASE's tree (if set) and the working tree, then ncu of the L3 tile
 #              kernel at 8x64x256x256 in fp16 ($TILEDTYPE_SHAPES)     (~4 min cold)
@@ -401,6 +404,27 @@ run_blockedw() {
   return $rc
 }
 
+run_streams() {
+  # The backward's two streams (launch.TWO_STREAMS): their GPU tests and the binding
+  # tests of streams and CUDA graphs, then lanes_ab.py's settings default and onestream
+  # at the ConvNeXt-T stages 56, 28 and 14, fp32 and bf16 ($STREAMS_SHAPES); carry
+  # ptx-Kbench.
+  echo "== two streams in the backward: GPU tests, then lanes_ab.py default / onestream"
+  local rc=0
+  WTCONV_TEST_GPU=1 timeout 300 python3 -m pytest -q -n 4 -p no:cacheprovider -p no:benchmark \
+    tests/gpu/test_two_streams_gpu.py tests/gpu/test_bindings_gpu.py \
+    -k "two_streams or respects_the_current_stream or cuda_graph" \
+    >"$OUT/streams_tests.log" 2>&1 || rc=1
+  tail -n 8 "$OUT/streams_tests.log"
+  # shellcheck disable=SC2086  # STREAMS_SHAPES is a list of shapes
+  (cd benchmarks && timeout 300 python3 lanes_ab.py --dtypes fp32 bf16 \
+    --settings default onestream --json "$OUT/streams_ab.json" \
+    --shapes ${STREAMS_SHAPES:-64x96x56x56:5 64x192x28x28:4 64x384x14x14:3}) \
+    >"$OUT/streams_ab.log" 2>&1 || rc=1
+  grep -v "Spec(" "$OUT/streams_ab.log" | cut -c1-400 | tail -n 30
+  return $rc
+}
+
 run_tiles() {
   # The tiled kernels: their oracle tests (every K of TEST_KS, all dtypes), then
   # benchmarks/tile_bench.py over the paper grid ($TILE_ARGS), plane kernel
@@ -674,7 +698,7 @@ print(*sorted({f"{h}x{w}:{lv}" for _, _, h, w, lv, _ in CONFIGS}))')
 
 for phase in "${phases[@]}"; do
   case "$phase" in
-    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|fwdhost|torchstep|stepprofile|tiles|tileplanes|blockedw|tileprofile|stageprofile|split|registers|ab|bwdprofile|hotspots|tilehotspots|lanes|lanehotspots|tiledtypes)
+    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|fwdhost|torchstep|stepprofile|tiles|tileplanes|blockedw|streams|tileprofile|stageprofile|split|registers|ab|bwdprofile|hotspots|tilehotspots|lanes|lanehotspots|tiledtypes)
       "run_$phase" || status=1 ;;
     *) echo "unknown phase: $phase"; status=2 ;;
   esac
