@@ -186,6 +186,6 @@ def test_jax_two_streams_same_bits_as_torch(streams):
     dxj, dwj = jax.jit(lambda x, w, dy: jax.vjp(f, x, w)[1](dy))(xj, wj, dyj)
     jax.block_until_ready(dxj)
     assert forks()
-    assert torch.equal(torch.from_numpy(np.asarray(dxj)), x.grad.cpu())
+    assert torch.equal(torch.from_numpy(np.array(dxj)), x.grad.cpu())
     for name, t in w._asdict().items():
-        assert torch.equal(torch.from_numpy(np.asarray(getattr(dwj, name))), t.grad.cpu()), name
+        assert torch.equal(torch.from_numpy(np.array(getattr(dwj, name))), t.grad.cpu()), name

@@ -280,7 +280,7 @@ DX_FORWARD_BUFFER_FRACTION = 1 / 6
 #: so they do only where those fit in `DX_FORWARD_BUFFER_FRACTION` of ``x``'s
 #: bytes together (:func:`runs_side_by_side`). On an H100 it took the CuPy
 #: training step of the ConvNeXt-T stages 56 / 28 / 14, fp32, from 0.701 /
-#: 0.446 / 0.153 ms to 0.680 / 0.424 / 0.137 ms, back to back
+#: 0.444 / 0.153 ms to 0.680 / 0.422 / 0.136 ms, back to back
 #: (``benchmarks/lanes_ab.py``, settings ``default`` and ``onestream``).
 TWO_STREAMS = True
 #: Most batch chunks the forward computing a backward's ``dx`` runs in, so
