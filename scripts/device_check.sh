@@ -73,8 +73,10 @@
 #              at 64x384x14x14, L3, K5, fp32 ($LANEHOT_SHAPE, $LANEHOT_THREADS: "1 2 2,4")
 #                                                                   (~2 min warm)
 #   streams    the backward's dx part on a side stream (launch.TWO_STREAMS): its GPU tests
-#              and the binding tests of streams and graphs, then lanes_ab.py default / onestream at the
-#              ConvNeXt-T stages 56, 28 and 14, fp32 and bf16; carry ptx-Kbench (~5 min)
+#              and the binding tests of streams and graphs, then lanes_ab.py default /
+#              onestream at the ConvNeXt-T stages 56, 28 and 14, fp32 and bf16, and
+#              benchmarks/streams_bench.py (the recorded programs on one stream and two,
+#              dx in one or two batch chunks); carry ptx-Kbench (~6 min)
 #   tiledtypes the paper grid's forward and training step per dtype (fp32 / fp16 / bf16), on
 #              $AB_BASE's tree (if set) and the working tree, then ncu of the L3 tile
 #              kernel at 8x64x256x256 in fp16 ($TILEDTYPE_SHAPES)     (~4 min cold)
@@ -422,6 +424,9 @@ run_streams() {
     --shapes ${STREAMS_SHAPES:-64x96x56x56:5 64x192x28x28:4 64x384x14x14:3}) \
     >"$OUT/streams_ab.log" 2>&1 || rc=1
   grep -v "Spec(" "$OUT/streams_ab.log" | cut -c1-400 | tail -n 30
+  # the recorded programs on one stream and two, dx in one or two batch chunks
+  (cd benchmarks && timeout 240 python3 streams_bench.py --storage float32 bfloat16 \
+    --json "$OUT/streams_bench.json") 2>&1 | tee "$OUT/streams_bench.log" | tail -n 6 || rc=1
   return $rc
 }
 
