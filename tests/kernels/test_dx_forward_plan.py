@@ -130,3 +130,24 @@ def test_the_plane_kernel_takes_dx_where_no_tiles_do(monkeypatch, request):
     monkeypatch.setattr(launch, "DX_FORWARD_BUFFER_FRACTION", 0.02)  # flipped filters: 0.008
     launch.dx_forward_plan.cache_clear()
     assert dx_forward_plan(problem, LIMIT, SLOTS) == DxForward((64,), DX_NO_SPLIT)
+
+
+def test_dx_halves_to_run_beside_the_weight_gradients(monkeypatch):
+    """At 28 x 28 in bfloat16 the one-chunk dx forward and the weight partials do not fit
+    in the budget together: with two streams the backward runs dx in two chunks, side
+    by side; with one stream (or a fixed dx_batch) it keeps the planner's chunks."""
+    bf16 = Problem(64, 192, 28, 28, 5, 4, 1, "bfloat16", True)
+    monkeypatch.setattr(launch, "TWO_STREAMS", True)
+    assert dx_forward_plan(bf16, LIMIT, SLOTS) == DxForward((64,), Tuning())
+    assert launch.backward_dx_plan(bf16, LIMIT, SLOTS) == DxForward((32, 32), Tuning())
+    assert dx_forward_batches(bf16, LIMIT, SLOTS) == (32, 32)
+    assert launch.runs_side_by_side(bf16, LIMIT, SLOTS)
+    fixed = Tuning(dx_forward=True, dx_batch=64)
+    assert launch.backward_dx_plan(bf16, LIMIT, SLOTS, fixed).batches == (64,)
+    assert not launch.runs_side_by_side(bf16, LIMIT, SLOTS, fixed)
+    fp32 = bf16._replace(storage="float32")  # fits with its one chunk
+    assert launch.backward_dx_plan(fp32, LIMIT, SLOTS) == dx_forward_plan(fp32, LIMIT, SLOTS)
+    assert launch.runs_side_by_side(fp32, LIMIT, SLOTS)
+    monkeypatch.setattr(launch, "TWO_STREAMS", False)
+    assert launch.backward_dx_plan(bf16, LIMIT, SLOTS) == DxForward((64,), Tuning())
+    assert not launch.runs_side_by_side(bf16, LIMIT, SLOTS)

@@ -278,7 +278,8 @@ DX_FORWARD_BUFFER_FRACTION = 1 / 6
 #: backend can (a recorded program, :mod:`wtconv_cuda.kernels.program`: the
 #: ``dx`` part on a side stream). Both parts' work buffers are then live at once,
 #: so they do only where those fit in `DX_FORWARD_BUFFER_FRACTION` of ``x``'s
-#: bytes together (:func:`runs_side_by_side`). On an H100 it took the CuPy
+#: bytes together, if need be with ``dx`` in more batch chunks
+#: (:func:`runs_side_by_side`, :func:`backward_dx_plan`). On an H100 it took the CuPy
 #: training step of the ConvNeXt-T stages 56 / 28 / 14, fp32, from 0.701 /
 #: 0.444 / 0.153 ms to 0.680 / 0.422 / 0.136 ms, back to back
 #: (``benchmarks/lanes_ab.py``, settings ``default`` and ``onestream``).
@@ -1726,7 +1727,7 @@ def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots:
     sizes = []
     if launch.spec.weights_only:  # dx first: the flipped filters, each chunk's buffers
         sizes += [flipped_filter_floats(problem)]
-        dx = dx_forward_plan(problem, shared_limit, max_slots, tuning)
+        dx = backward_dx_plan(problem, shared_limit, max_slots, tuning)
         for count in dx.batches:
             sizes += work_buffers(_dx_problem(problem)._replace(batch=count), False,
                                   shared_limit, max_slots, dx.tuning)
@@ -1796,7 +1797,7 @@ def planned_specs(problem: Problem, backward: bool, shared_limit: int, max_slots
     spec = plan_plane(problem, backward, shared_limit, max_slots, tuning).spec
     specs = [spec, finalize] if backward and not spec.fused_finalize else [spec]
     if spec.weights_only:  # the forward's specs of each batch size its chunks take
-        dx = dx_forward_plan(problem, shared_limit, max_slots, tuning)
+        dx = backward_dx_plan(problem, shared_limit, max_slots, tuning)
         forward = [s for count in dict.fromkeys(dx.batches)
                    for s in planned_specs(_dx_problem(problem)._replace(batch=count), False,
                                           shared_limit, max_slots, dx.tuning)]
@@ -2042,9 +2043,9 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
         return
     # dx from the forward kernels; the weight gradients on the weights-only plane
     # kernel, or on the lane kernel where its rule takes them
-    dx_plan = dx_forward_plan(problem, backend.shared_limit, backend.max_slots, tuning)
+    dx_plan, side_by_side = _backward_dx(problem, backend.shared_limit, backend.max_slots,
+                                         tuning)
     lanes = plan_lanes(problem, backend.shared_limit, backend.max_slots, tuning)
-    side_by_side = runs_side_by_side(problem, backend.shared_limit, backend.max_slots, tuning)
 
     def weight_gradients():
         if lanes is None:
@@ -2063,16 +2064,17 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
 
 def runs_side_by_side(problem: Problem, shared_limit: int, max_slots: int,
                       tuning: Tuning = Tuning()) -> bool:
-    """Whether a backward's ``dx`` part may run beside its weight gradients.
+    """Whether a backward's ``dx`` part runs beside its weight gradients.
 
-    True where `TWO_STREAMS` is on, ``dx`` comes from the forward kernels
-    (:func:`dx_forward_plan`) and both parts' work buffers, live at once (the
-    flipped filters and the largest ``dx`` chunk's forward buffers,
-    :func:`dx_forward_floats`, beside the weight-gradient partials), take at
-    most `DX_FORWARD_BUFFER_FRACTION` of the bytes of ``x``. At the ConvNeXt-T
-    stages that holds but at 28 x 28 in 16 bits (4.1 MB against 19.3 MB: the
-    split forward's float32 buffers do not shrink with the storage), where an
-    H100's training step peaked at 1.12 times depthwise 7x7's with two streams.
+    True where `TWO_STREAMS` is on, ``dx`` comes from the forward kernels and
+    both parts' work buffers, live at once (the flipped filters and the
+    largest ``dx`` chunk's forward buffers, :func:`dx_forward_floats`, beside
+    the weight-gradient partials), take at most `DX_FORWARD_BUFFER_FRACTION`
+    of the bytes of ``x``, with the ``dx`` plan of :func:`backward_dx_plan`.
+    With the planner's own ``dx`` plan that fails at 28 x 28 in 16 bits (4.1
+    MB against 19.3 MB: the split forward's float32 buffers do not shrink with
+    the storage; forked anyway, an H100's training step peaked at 1.12 times
+    depthwise 7x7's), so there ``dx`` runs in two batch chunks.
 
     Parameters
     ----------
@@ -2087,27 +2089,72 @@ def runs_side_by_side(problem: Problem, shared_limit: int, max_slots: int,
     -------
     bool
     """
-    if not TWO_STREAMS or plan_registers(problem, shared_limit, tuning, True) is not None:
-        return False
-    if plan_split(problem, shared_limit, tuning, True) is not None:
-        return False
-    if plan_tiles(problem, shared_limit, tuning, True) is not None:
-        return False
+    return _backward_dx(problem, shared_limit, max_slots, tuning)[1]
+
+
+def backward_dx_plan(problem: Problem, shared_limit: int, max_slots: int,
+                     tuning: Tuning = Tuning()) -> DxForward | None:
+    """The forward runs that compute a plane backward's ``dx`` as it runs them.
+
+    :func:`dx_forward_plan`'s, except where that plan's buffers and the
+    weight partials do not fit together (:func:`runs_side_by_side`) and
+    the plan that leaves room for the partials (its ``reserve_floats``) runs
+    the same forward in at most twice the chunks: then that one, beside the
+    weight gradients. At 64 x 192 x 28 x 28 bf16 on an H100 two chunks side by
+    side took the backward from 0.344 to 0.333 ms against one chunk on one
+    stream (two chunks on one stream: 0.363; ``benchmarks/streams_bench.py``).
+
+    Parameters
+    ----------
+    problem : Problem
+        The layer call.
+    shared_limit, max_slots : int
+        The backend's limits, as passed to :func:`plan_plane`.
+    tuning : Tuning, optional
+        Launch-shape overrides (``dx_batch`` set: no other chunks are tried).
+
+    Returns
+    -------
+    DxForward or None
+        None when the backward computes ``dx`` in the plane kernel.
+    """
+    return _backward_dx(problem, shared_limit, max_slots, tuning)[0]
+
+
+def _backward_dx(problem: Problem, shared_limit: int, max_slots: int,
+                 tuning: Tuning) -> tuple[DxForward | None, bool]:
+    """``(backward_dx_plan, runs_side_by_side)`` of a call (not cached: it reads
+    `TWO_STREAMS`, and the plans it asks for are)."""
+    plan = dx_forward_plan(problem, shared_limit, max_slots, tuning)
+    if (plan is None or not TWO_STREAMS or problem.stride != 1
+            or plan_registers(problem, shared_limit, tuning, True) is not None
+            or plan_split(problem, shared_limit, tuning, True) is not None
+            or plan_tiles(problem, shared_limit, tuning, True) is not None):
+        return plan, False
     launch = plan_plane(problem, True, shared_limit, max_slots, tuning)
     if not launch.spec.weights_only:
-        return False
-    dx_plan = dx_forward_plan(problem, shared_limit, max_slots, tuning)
+        return plan, False
     lanes = plan_lanes(problem, shared_limit, max_slots, tuning)
     if lanes is not None:
         weight_floats = lanes.partial_floats
     else:
         weight_floats = launch.scratch_floats + (
             0 if launch.spec.fused_finalize else launch.partial_floats)
-    floats = dx_forward_floats(problem, dx_plan.batches, shared_limit, max_slots,
-                               dx_plan.tuning) + weight_floats
-    x_bytes = problem.batch * problem.channels * problem.height * problem.width * ITEMSIZE[
-        problem.storage]
-    return 4 * floats <= DX_FORWARD_BUFFER_FRACTION * x_bytes
+    budget = DX_FORWARD_BUFFER_FRACTION * problem.batch * problem.channels * \
+        problem.height * problem.width * ITEMSIZE[problem.storage]
+
+    def fits(dx_plan):
+        return 4 * (dx_forward_floats(problem, dx_plan.batches, shared_limit, max_slots,
+                                      dx_plan.tuning) + weight_floats) <= budget
+
+    if fits(plan):
+        return plan, True
+    if not tuning.dx_batch:
+        roomy = dx_forward_plan(problem, shared_limit, max_slots, tuning, weight_floats)
+        if (roomy is not None and roomy.tuning == plan.tuning
+                and len(roomy.batches) <= 2 * len(plan.batches) and fits(roomy)):
+            return roomy, True
+    return plan, False
 
 
 def _run_side_by_side(backend, side_by_side: bool, side_part: Callable,
@@ -2206,7 +2253,7 @@ class DxForward(NamedTuple):
 
 @lru_cache(maxsize=1024)
 def dx_forward_plan(problem: Problem, shared_limit: int, max_slots: int,
-                    tuning: Tuning = Tuning()) -> DxForward | None:
+                    tuning: Tuning = Tuning(), reserve_floats: int = 0) -> DxForward | None:
     """The forward runs that compute a plane backward's ``dx``, or None.
 
     The runs go one after another on ``dy``'s batch entries in order, each
@@ -2242,6 +2289,10 @@ def dx_forward_plan(problem: Problem, shared_limit: int, max_slots: int,
         `DX_FORWARD_MIN_ELEMENTS` elements and some plan fits. True where
         none fits runs the whole batch on the planner's forward.
         ``dx_batch`` fixes the entries per chunk (the last takes the rest).
+    reserve_floats : int, optional
+        float32 elements of other work buffers live beside the runs' (the
+        weight partials, where the two run side by side): the budget shrinks
+        by their bytes.
 
     Returns
     -------
@@ -2264,7 +2315,8 @@ def dx_forward_plan(problem: Problem, shared_limit: int, max_slots: int,
             q, r = divmod(B, chunks)
             candidates.append((q + 1,) * r + (q,) * (chunks - r))
             chunks *= 2
-    budget = DX_FORWARD_BUFFER_FRACTION * elements * ITEMSIZE[problem.storage]
+    budget = (DX_FORWARD_BUFFER_FRACTION * elements * ITEMSIZE[problem.storage]
+              - 4 * reserve_floats)
 
     def fits(batches, forward):
         return 4 * dx_forward_floats(problem, batches, shared_limit, max_slots,
@@ -2301,10 +2353,10 @@ def dx_forward_batches(problem: Problem, shared_limit: int, max_slots: int,
     Returns
     -------
     tuple of int
-        :attr:`DxForward.batches` of :func:`dx_forward_plan`; empty when the
+        :attr:`DxForward.batches` of :func:`backward_dx_plan`; empty when the
         backward computes ``dx`` in the plane kernel.
     """
-    plan = dx_forward_plan(problem, shared_limit, max_slots, tuning)
+    plan = backward_dx_plan(problem, shared_limit, max_slots, tuning)
     return () if plan is None else plan.batches
 
 
