@@ -319,3 +319,23 @@ def test_replay_wants_every_array():
     program = record(problem, True, LIMIT, SLOTS, device.function_of, device.table_address)
     with pytest.raises(ValueError, match="13 array addresses"):
         program.run([ARRAYS] * FORWARD_SLOTS, lambda n: (None, BUFFERS), STREAM)
+
+
+def test_halved_dx_default_is_the_measured_program(monkeypatch):
+    """At 28 x 28 bf16 the default backward program is, launch for launch, the one
+    ``benchmarks/streams_bench.py`` timed as ``halves``: ``dx_batch`` of half the batch."""
+    monkeypatch.setattr(launch_module, "TWO_STREAMS", True)
+    problem = Problem(64, 192, 28, 28, 5, 4, 1, "bfloat16", True)
+    device = _Device()
+
+    def steps(tuning):
+        program = record(problem, True, LIMIT, SLOTS, device.function_of,
+                         device.table_address, tuning)
+        return [(kind, tuple(step.template) + (step.function, step.grid, step.block,
+                                               step.shared_bytes, step.patches)
+                 if kind == "launch" else step, value)
+                for kind, step, value in program.steps]
+
+    default = steps(Tuning())
+    assert default == steps(Tuning(dx_forward=True, dx_batch=32))
+    assert sum(kind == "fork" for kind, _, _ in default) == 1
