@@ -361,10 +361,9 @@ def test_torch_compile_fullgraph_matches_eager(mode):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-def test_cuda_graph_capture_forward_and_backward():
-    layer = make_layer(16, 5, 3)
-    static_x = torch.randn(4, 16, 40, 36, device=DEV, requires_grad=True)
-    static_dy = torch.randn(4, 16, 40, 36, device=DEV)
+def captured_training_step(layer, static_x, static_dy):
+    """``(graph, static_y)``: a CUDA graph of ``layer``'s forward and backward on
+    ``static_x`` and ``static_dy``, captured after two warm-up steps on a side stream."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up outside capture
@@ -380,7 +379,13 @@ def test_cuda_graph_capture_forward_and_backward():
     with torch.cuda.graph(graph):
         static_y = layer(static_x)
         static_y.backward(static_dy)
+    return graph, static_y
 
+
+def assert_replays_match_eager(graph, layer, static_x, static_dy, static_y, eager):
+    """Replay ``graph`` (``captured_training_step``) on two new input sets: each must
+    give the bits of ``eager``, a layer of the same kind loaded with ``layer``'s state."""
+    eager.load_state_dict(layer.state_dict())
     for seed in (1, 2):
         gen = torch.Generator(device=DEV).manual_seed(seed)
         new_x = torch.randn(static_x.shape, device=DEV, generator=gen)
@@ -392,14 +397,21 @@ def test_cuda_graph_capture_forward_and_backward():
         torch.cuda.synchronize()
 
         xe = new_x.clone().requires_grad_()
-        eager = make_layer(16, 5, 3)
-        eager.load_state_dict(layer.state_dict())
+        eager.zero_grad(set_to_none=True)
         ye = eager(xe)
         ye.backward(new_dy)
         assert torch.equal(static_y, ye)
         assert torch.equal(static_x.grad, xe.grad)
         for (name, p), q in zip(layer.named_parameters(), eager.parameters()):
             assert torch.equal(p.grad, q.grad), name
+
+
+def test_cuda_graph_capture_forward_and_backward():
+    layer = make_layer(16, 5, 3)
+    static_x = torch.randn(4, 16, 40, 36, device=DEV, requires_grad=True)
+    static_dy = torch.randn(4, 16, 40, 36, device=DEV)
+    graph, static_y = captured_training_step(layer, static_x, static_dy)
+    assert_replays_match_eager(graph, layer, static_x, static_dy, static_y, make_layer(16, 5, 3))
 
 
 def test_first_call_inside_capture_raises_clearly():

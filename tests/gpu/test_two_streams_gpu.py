@@ -33,7 +33,8 @@ from wtconv_cuda import WTConvWeights  # noqa: E402
 from wtconv_cuda.bindings.torch import wtconv2d  # noqa: E402
 
 from .test_bindings_gpu import (  # noqa: E402
-    DEV, SLEEP_CYCLES, cupy_weights, make_layer, oracle, random_tensors, rel, to_jax,
+    DEV, SLEEP_CYCLES, assert_replays_match_eager, captured_training_step, cupy_weights,
+    make_layer, oracle, random_tensors, rel, to_jax,
 )
 
 #: (B, C, H, W), L, dtype: the ConvNeXt-T stages whose backward forks (the
@@ -130,39 +131,10 @@ def test_cuda_graph_captures_the_two_streams(streams):
     layer = make_layer(c, 5, levels)
     static_x = torch.randn(b, c, h, w, device=DEV, requires_grad=True)
     static_dy = torch.randn(b, c, h, w, device=DEV)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up outside capture
-        for _ in range(2):
-            layer.zero_grad(set_to_none=True)
-            static_x.grad = None
-            layer(static_x).backward(static_dy)
-    torch.cuda.current_stream().wait_stream(side)
+    graph, static_y = captured_training_step(layer, static_x, static_dy)
     assert forks()
-
-    graph = torch.cuda.CUDAGraph()
-    layer.zero_grad(set_to_none=True)
-    static_x.grad = None
-    with torch.cuda.graph(graph):
-        static_y = layer(static_x)
-        static_y.backward(static_dy)
-
-    eager = make_layer(c, 5, levels)
-    eager.load_state_dict(layer.state_dict())
-    for seed in (1, 2):
-        gen = torch.Generator(device=DEV).manual_seed(seed)
-        new_x = torch.randn(static_x.shape, device=DEV, generator=gen)
-        new_dy = torch.randn(static_dy.shape, device=DEV, generator=gen)
-        with torch.no_grad():
-            static_x.copy_(new_x)
-            static_dy.copy_(new_dy)
-        graph.replay()
-        torch.cuda.synchronize()
-        expected = step(eager, new_x, new_dy, delay=False)
-        assert torch.equal(static_y, expected[0])
-        assert torch.equal(static_x.grad, expected[1])
-        for i, (p, q) in enumerate(zip(layer.parameters(), expected[2:])):
-            assert torch.equal(p.grad, q), i
+    assert_replays_match_eager(graph, layer, static_x, static_dy, static_y,
+                               make_layer(c, 5, levels))
 
 
 def test_jax_two_streams_same_bits_as_torch(streams):
