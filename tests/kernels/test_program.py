@@ -145,12 +145,22 @@ CASES = [
 ]
 
 
-def _direct_run(problem, backward, tuning, device):
+class _ForkingBackend(_DirectBackend):
+    """A direct backend that may fork (and so plans as a recorded program does), but
+    issues everything in order."""
+
+    def fork(self):
+        pass
+
+    resume = join = fork
+
+
+def _direct_run(problem, backward, tuning, device, forking=False):
     """The planner's launches on ``device``'s handles, logged; and the array addresses."""
     slots = BACKWARD_SLOTS if backward else FORWARD_SLOTS
     addresses = [ARRAYS + (s << 32) for s in range(slots)]
     direct = []
-    backend = _DirectBackend(device, direct)
+    backend = (_ForkingBackend if forking else _DirectBackend)(device, direct)
     if backward:
         run_backward(backend, problem, *addresses[:3], Weights(*addresses[3:8]),
                      Weights(*addresses[8:13]), tuning)
@@ -208,7 +218,7 @@ def test_two_streams_keep_the_parts_apart(monkeypatch, shape, levels, stride, st
     monkeypatch.setattr(launch_module, "TWO_STREAMS", True)
     problem = Problem(*shape, 5, levels, stride, storage, True)
     device = _Device()
-    direct, addresses = _direct_run(problem, True, tuning, device)
+    direct, addresses = _direct_run(problem, True, tuning, device, forking=True)
     program = record(problem, True, LIMIT, SLOTS, device.function_of, device.table_address,
                      tuning)
     forking = launch_module.runs_side_by_side(problem, LIMIT, SLOTS, tuning)
@@ -281,7 +291,7 @@ def test_one_stream_without_a_side_stream(monkeypatch):
     monkeypatch.setattr(launch_module, "TWO_STREAMS", True)
     problem = Problem(64, 192, 28, 28, 5, 4, 1, "float32", True)
     device = _Device()
-    direct, addresses = _direct_run(problem, True, Tuning(), device)
+    direct, addresses = _direct_run(problem, True, Tuning(), device, forking=True)
     program = record(problem, True, LIMIT, SLOTS, device.function_of, device.table_address)
     assert program.forks
     replayed = []
@@ -339,3 +349,20 @@ def test_halved_dx_default_is_the_measured_program(monkeypatch):
     default = steps(Tuning())
     assert default == steps(Tuning(dx_forward=True, dx_batch=32))
     assert sum(kind == "fork" for kind, _, _ in default) == 1
+
+
+def test_the_direct_path_keeps_the_planners_dx_plan(monkeypatch):
+    """A backend that cannot fork runs dx in the planner's own chunks (one at 28 x 28
+    bf16: two chunks on one stream were slower), a forking one in two."""
+    monkeypatch.setattr(launch_module, "TWO_STREAMS", True)
+    problem = Problem(64, 192, 28, 28, 5, 4, 1, "bfloat16", True)
+    device = _Device()
+    tile = launch_module.plan_split(
+        launch_module._dx_problem(problem)._replace(batch=64), LIMIT).tiles.spec
+    launches = {}
+    for forking in (False, True):
+        log, _ = _direct_run(problem, True, Tuning(), device, forking)
+        launches[forking] = [e[1] for e in log if e[0] == "launch"]
+    tiles = device.functions[tile]
+    assert launches[False].count(tiles) == 1
+    assert len(launches[True]) == len(launches[False]) + 3  # the split forward again

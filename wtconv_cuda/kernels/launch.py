@@ -1982,10 +1982,11 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
     block holds all of its channels' work units (``PlaneSpec.fused_finalize``,
     see :func:`plan_plane`); where the plane kernel runs as ``weights_only``
     (:func:`dx_from_forward`), ``wtconv_flip`` and the forward's launches on
-    ``dy`` (writing ``dx``) come first, and a recorded program runs them on a
-    side stream beside the weight gradients (:func:`runs_side_by_side`).
-    Where :func:`plan_tiles` takes the backward, the tiled kernel and then ``wtconv_finalize`` over its per-tile
-    partials. Where :func:`plan_split` splits it: ``wtconv_coarse_in``, the
+    ``dy`` (writing ``dx``) come first, and a backend that records programs
+    marks them to run on a side stream beside the weight gradients
+    (:func:`runs_side_by_side`, :func:`backward_dx_plan`). Where
+    :func:`plan_tiles` takes the backward, the tiled kernel and then
+    ``wtconv_finalize`` over its per-tile partials. Where :func:`plan_split` splits it: ``wtconv_coarse_in``, the
     coarse problem's backward, the tiles, ``wtconv_finalize`` and
     ``wtconv_coarse_out``.
 
@@ -2043,8 +2044,12 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
         return
     # dx from the forward kernels; the weight gradients on the weights-only plane
     # kernel, or on the lane kernel where its rule takes them
-    dx_plan, side_by_side = _backward_dx(problem, backend.shared_limit, backend.max_slots,
-                                         tuning)
+    if getattr(backend, "fork", None) is None:  # one stream: the planner's own dx plan
+        dx_plan = dx_forward_plan(problem, backend.shared_limit, backend.max_slots, tuning)
+        side_by_side = False
+    else:
+        dx_plan, side_by_side = _backward_dx(problem, backend.shared_limit,
+                                             backend.max_slots, tuning)
     lanes = plan_lanes(problem, backend.shared_limit, backend.max_slots, tuning)
 
     def weight_gradients():
@@ -2094,9 +2099,10 @@ def runs_side_by_side(problem: Problem, shared_limit: int, max_slots: int,
 
 def backward_dx_plan(problem: Problem, shared_limit: int, max_slots: int,
                      tuning: Tuning = Tuning()) -> DxForward | None:
-    """The forward runs that compute a plane backward's ``dx`` as it runs them.
+    """The forward runs that compute a plane backward's ``dx`` in a recorded program.
 
-    :func:`dx_forward_plan`'s, except where that plan's buffers and the
+    :func:`dx_forward_plan`'s (which the planner's direct path, on one
+    stream, runs), except where that plan's buffers and the
     weight partials do not fit together (:func:`runs_side_by_side`) and
     the plan that leaves room for the partials (its ``reserve_floats``) runs
     the same forward in at most twice the chunks: then that one, beside the
@@ -2161,17 +2167,16 @@ def _run_side_by_side(backend, side_by_side: bool, side_part: Callable,
                       main_part: Callable) -> None:
     """Issue two independent parts of a call, ``side_part`` first.
 
-    Where ``side_by_side`` (:func:`runs_side_by_side`), a backend with
-    ``fork`` (:class:`~wtconv_cuda.kernels.program._Recorder`) is told where
+    Where ``side_by_side`` (:func:`runs_side_by_side`) the backend, one with
+    ``fork`` (:class:`~wtconv_cuda.kernels.program._Recorder`), is told where
     they start and end, so that a recorded program runs ``side_part`` on a
-    side stream beside ``main_part``; otherwise, or on any other backend, they
-    go one after the other on the backend's stream."""
-    fork = getattr(backend, "fork", None) if side_by_side else None
-    if fork is None:
+    side stream beside ``main_part``; otherwise they go one after the other on
+    the backend's stream."""
+    if not side_by_side:
         side_part()
         main_part()
         return
-    fork()
+    backend.fork()
     side_part()
     backend.resume()
     main_part()
