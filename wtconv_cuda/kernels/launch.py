@@ -2044,13 +2044,13 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
         return
     # dx from the forward kernels; the weight gradients on the weights-only plane
     # kernel, or on the lane kernel where its rule takes them
-    if getattr(backend, "fork", None) is None:  # one stream: the planner's own dx plan
-        dx_plan = dx_forward_plan(problem, backend.shared_limit, backend.max_slots, tuning)
-        side_by_side = False
-    else:
-        dx_plan, side_by_side = _backward_dx(problem, backend.shared_limit,
-                                             backend.max_slots, tuning)
+    dx_plan = dx_forward_plan(problem, backend.shared_limit, backend.max_slots, tuning)
     lanes = plan_lanes(problem, backend.shared_limit, backend.max_slots, tuning)
+    side_by_side = False
+    if TWO_STREAMS and hasattr(backend, "fork"):  # else one stream: the planner's dx plan
+        dx_plan, side_by_side = _dx_beside_weights(problem, backend.shared_limit,
+                                                   backend.max_slots, tuning, dx_plan,
+                                                   launch, lanes)
 
     def weight_gradients():
         if lanes is None:
@@ -2132,7 +2132,7 @@ def _backward_dx(problem: Problem, shared_limit: int, max_slots: int,
     """``(backward_dx_plan, runs_side_by_side)`` of a call (not cached: it reads
     `TWO_STREAMS`, and the plans it asks for are)."""
     plan = dx_forward_plan(problem, shared_limit, max_slots, tuning)
-    if (plan is None or not TWO_STREAMS or problem.stride != 1
+    if (plan is None or not TWO_STREAMS
             or plan_registers(problem, shared_limit, tuning, True) is not None
             or plan_split(problem, shared_limit, tuning, True) is not None
             or plan_tiles(problem, shared_limit, tuning, True) is not None):
@@ -2140,7 +2140,15 @@ def _backward_dx(problem: Problem, shared_limit: int, max_slots: int,
     launch = plan_plane(problem, True, shared_limit, max_slots, tuning)
     if not launch.spec.weights_only:
         return plan, False
-    lanes = plan_lanes(problem, shared_limit, max_slots, tuning)
+    return _dx_beside_weights(problem, shared_limit, max_slots, tuning, plan, launch,
+                              plan_lanes(problem, shared_limit, max_slots, tuning))
+
+
+def _dx_beside_weights(problem: Problem, shared_limit: int, max_slots: int, tuning: Tuning,
+                       plan: DxForward, launch: Launch,
+                       lanes: LaneLaunch | None) -> tuple[DxForward, bool]:
+    """``(dx plan, side by side)`` of a ``weights_only`` backward whose planner's ``dx``
+    plan is ``plan`` and whose weight gradients run ``launch``, or ``lanes`` if given."""
     if lanes is not None:
         weight_floats = lanes.partial_floats
     else:
