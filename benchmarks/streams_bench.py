@@ -1,14 +1,16 @@
-"""The backward's recorded programs on one stream and on two, with dx in one or two chunks.
+"""The backward's recorded programs on one stream and on two, with dx in one, two or four chunks.
 
 Where ``dx`` comes from the forward kernels, the recorded backward program
 runs the ``dx`` part on a side stream beside the weight gradients when both
-parts' work buffers fit in ``launch.DX_FORWARD_BUFFER_FRACTION`` of ``x``'s
-bytes together (``launch.runs_side_by_side``). At 28 x 28 in 16 bits they do
-not, unless the ``dx`` forward runs in two batch chunks (halving its split
-buffers). For each ConvNeXt-T stage (56, 28, 14) this times the program of
+parts' work buffers fit in ``launch.SIDE_BY_SIDE_BUFFER_FRACTION`` of ``x``'s
+bytes together (``launch.runs_side_by_side``). At 28 x 28 they do not, unless
+the ``dx`` forward runs in more batch chunks (each chunk's split buffers are
+smaller): two in fp32, four in 16 bits. For each ConvNeXt-T stage (56, 28, 14)
+this times the program of
 
-- ``default``: the planner's backward (one ``dx`` chunk at these stages);
-- ``halves``: ``Tuning(dx_forward=True, dx_batch=B // 2)``, ``dx`` in two chunks;
+- ``default``: the planner's backward;
+- ``whole``, ``halves``, ``quarters``: ``Tuning(dx_forward=True, dx_batch=B // n)``,
+  ``dx`` in one, two or four chunks (forking where those fit);
 
 each run with its side stream (``two``, where the program forks) and without
 it (``one``: the same launches on the caller's stream), medians of 30 calls
@@ -37,7 +39,8 @@ from dx_forward_bench import K, STAGES, stage_cli, stage_inputs
 def tunings(stage):
     """The variants' names and launch-shape overrides."""
     return (("default", launch.Tuning()),
-            ("halves", launch.Tuning(dx_forward=True, dx_batch=stage[0] // 2)))
+            *((name, launch.Tuning(dx_forward=True, dx_batch=stage[0] // n))
+              for name, n in (("whole", 1), ("halves", 2), ("quarters", 4))))
 
 
 def program_of(backend, problem, tuning):
@@ -82,7 +85,8 @@ def bench_stage(stage, storage, backend):
 
 def describe(row):
     times = [f"{key} {row[key]:.3f} ms{'' if row[key + ' same bits'] else ' (other bits)'}"
-             for key in ("default one", "default two", "halves one", "halves two") if key in row]
+             for key in (f"{name} {streams}" for name in ("default", "whole", "halves", "quarters")
+                         for streams in ("one", "two")) if key in row]
     return ", ".join(times)
 
 

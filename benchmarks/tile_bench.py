@@ -14,12 +14,16 @@ written): the plane kernel, each variant asked for and the planner's choice
 ``--configs`` replaces the grid (``BxCxHxW:L``). ``--splits`` adds, for each
 variant, passes split at those levels (coarse pre-pass, then the tiles; see
 :func:`wtconv_cuda.kernels.launch.plan_split`), named ``VARIANT/sC``; "auto"
-is the planner's own choice through ``run_forward`` / ``run_backward``.
+is the planner's own choice through ``run_forward`` / ``run_backward``, and
+``--auto-splits`` adds the planner's own split at those levels (``auto/sC``,
+``Tuning(split=C)``: the tiles it would pick for ``C`` levels). ``--no-plane``
+skips the plane kernel (then the first run is the reference of the differences).
 
     python benchmarks/tile_bench.py --json tile_bench.json
     python benchmarks/tile_bench.py --variants 64:256:4:128 64:128:4:128:8 32:128:2:0
     python benchmarks/tile_bench.py --backward --levels 1 3 --variants 64:128:4:128
     python benchmarks/tile_bench.py --configs 64x96x56x56:5 --variants 32:128:4:128 --splits 2
+    python benchmarks/tile_bench.py --backward --levels 3 --variants --auto-splits 2 --no-plane
 """
 
 from __future__ import annotations
@@ -149,13 +153,15 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default=None)
     parser.add_argument("--storage", nargs="+", default=["float32"])
-    parser.add_argument("--variants", nargs="+", default=["64:128:4:128"],
+    parser.add_argument("--variants", nargs="*", default=["64:128:4:128"],
                         metavar="TS:THREADS:STRIP:REGS[:ASTRIP[:PLANES]]")
     parser.add_argument("--levels", type=int, nargs="+", default=None)
     parser.add_argument("--configs", nargs="+", default=None, metavar="BxCxHxW:L",
                         help="configurations instead of the paper grid")
     parser.add_argument("--splits", type=int, nargs="+", default=[],
                         help="also each variant split at these levels")
+    parser.add_argument("--auto-splits", type=int, nargs="+", default=[],
+                        help="also the planner's own tiles split at these levels")
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--no-plane", action="store_true", help="skip the plane kernel")
     parser.add_argument("--backward", action="store_true",
@@ -172,6 +178,7 @@ def main():
     # whole runs through run_forward: split variants and the planner's choice
     whole = {f"{v}/s{c}": tuning._replace(split=c)
              for v, (tuning, _) in variants.items() for c in args.splits}
+    whole.update({f"auto/s{c}": Tuning(split=c) for c in args.auto_splits})
     whole["auto"] = Tuning()
     configs = grid_configs(args.levels, args.configs)
 
@@ -264,6 +271,7 @@ def backward_main(args, backend, bandwidth):
     variants = {v: parse_variant(v)[0] for v in args.variants}
     variants.update({f"{v}/s{c}": parse_variant(v)[0]._replace(split=c)
                      for v in args.variants for c in args.splits})
+    variants.update({f"auto/s{c}": Tuning(split=c) for c in args.auto_splits})
     variants["auto"] = Tuning()
     configs = grid_configs(args.levels, args.configs)
 
@@ -275,8 +283,9 @@ def backward_main(args, backend, bandwidth):
 
     specs = []
     for problem in problems(configs, args.storage, args.k):
-        specs.append(plan_plane(problem, True, backend.shared_limit, backend.max_slots,
-                             Tuning(tiles=False)).spec)
+        if not args.no_plane:
+            specs.append(plan_plane(problem, True, backend.shared_limit, backend.max_slots,
+                                 Tuning(tiles=False)).spec)
         specs.append(FinalizeSpec(args.k, problem.storage, FINALIZE_THREADS))
         for tuning in variants.values():
             if runs_here(problem, tuning):
@@ -293,9 +302,9 @@ def backward_main(args, backend, bandwidth):
         grads = Weights(*(cupy.empty_like(a) for a in weights))
         nbytes = 3 * xs[0].size * ITEMSIZE[storage]
         row = {"config": f"{b}x{c}x{h}x{w} L{L} K{k}", "storage": storage, "ms": {},
-               "roofline": {}, "diff_vs_plane": {}}
-        runs = [("plane", Tuning(tiles=False))] + [
-            (name, t) for name, t in variants.items() if runs_here(problem, t)]
+               "roofline": {}, "diff_vs_first": {}}
+        runs = [] if args.no_plane else [("plane", Tuning(tiles=False))]
+        runs += [(name, t) for name, t in variants.items() if runs_here(problem, t)]
         reference = None
         for name, tuning in runs:
             def backward(i, tuning=tuning):
@@ -310,13 +319,15 @@ def backward_main(args, backend, bandwidth):
                 reference = outputs
             else:
                 names = ("dx",) + Weights._fields
-                row["diff_vs_plane"][name] = {
+                row["diff_vs_first"][name] = {
                     n: relative(a, r, storage) for n, a, r in zip(names, outputs, reference)}
         rows.append(row)
         cells = "  ".join(f"{n} {row['ms'][n]:.3f} ms ({100 * row['roofline'][n]:.1f}%)"
                           for n in row["ms"])
-        worst = {n: max(d.values()) for n, d in row["diff_vs_plane"].items()}
-        print(f"{row['config']:24s} {storage:8s} {cells}  worst relative diff vs plane: "
+        row["first"] = runs[0][0]
+        worst = {n: max(d.values()) for n, d in row["diff_vs_first"].items()}
+        print(f"{row['config']:24s} {storage:8s} {cells}  worst relative diff vs "
+              f"{runs[0][0]}: "
               f"{worst}", flush=True)
         del xs, dys, dx, grads, weights
         cupy.get_default_memory_pool().free_all_blocks()
