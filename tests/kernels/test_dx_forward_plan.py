@@ -133,21 +133,29 @@ def test_the_plane_kernel_takes_dx_where_no_tiles_do(monkeypatch, request):
 
 
 def test_dx_halves_to_run_beside_the_weight_gradients(monkeypatch):
-    """At 28 x 28 in bfloat16 the one-chunk dx forward and the weight partials do not fit
-    in the budget together: with two streams the backward runs dx in two chunks, side
-    by side; with one stream (or a fixed dx_batch) it keeps the planner's chunks."""
-    bf16 = Problem(64, 192, 28, 28, 5, 4, 1, "bfloat16", True)
+    """At 28 x 28 in fp32 the one-chunk dx forward and the weight partials do not fit
+    in the side-by-side budget together: with two streams the backward runs dx in two
+    chunks, side by side; with one stream (or a fixed dx_batch) it keeps the planner's
+    chunks. In 16 bits even two chunks do not fit (four would, but were slower): the
+    parts run one after the other."""
+    fp32 = Problem(64, 192, 28, 28, 5, 4, 1, "float32", True)
     monkeypatch.setattr(launch, "TWO_STREAMS", True)
-    assert dx_forward_plan(bf16, LIMIT, SLOTS) == DxForward((64,), Tuning())
-    assert launch.backward_dx_plan(bf16, LIMIT, SLOTS) == DxForward((32, 32), Tuning())
-    assert dx_forward_batches(bf16, LIMIT, SLOTS) == (32, 32)
-    assert launch.runs_side_by_side(bf16, LIMIT, SLOTS)
-    fixed = Tuning(dx_forward=True, dx_batch=64)
-    assert launch.backward_dx_plan(bf16, LIMIT, SLOTS, fixed).batches == (64,)
-    assert not launch.runs_side_by_side(bf16, LIMIT, SLOTS, fixed)
-    fp32 = bf16._replace(storage="float32")  # fits with its one chunk
-    assert launch.backward_dx_plan(fp32, LIMIT, SLOTS) == dx_forward_plan(fp32, LIMIT, SLOTS)
+    assert dx_forward_plan(fp32, LIMIT, SLOTS) == DxForward((64,), Tuning())
+    assert launch.backward_dx_plan(fp32, LIMIT, SLOTS) == DxForward((32, 32), Tuning())
+    assert dx_forward_batches(fp32, LIMIT, SLOTS) == (32, 32)
     assert launch.runs_side_by_side(fp32, LIMIT, SLOTS)
-    monkeypatch.setattr(launch, "TWO_STREAMS", False)
-    assert launch.backward_dx_plan(bf16, LIMIT, SLOTS) == DxForward((64,), Tuning())
+    fixed = Tuning(dx_forward=True, dx_batch=64)
+    assert launch.backward_dx_plan(fp32, LIMIT, SLOTS, fixed).batches == (64,)
+    assert not launch.runs_side_by_side(fp32, LIMIT, SLOTS, fixed)
+    bf16 = fp32._replace(storage="bfloat16")
+    assert launch.backward_dx_plan(bf16, LIMIT, SLOTS) == dx_forward_plan(bf16, LIMIT, SLOTS)
     assert not launch.runs_side_by_side(bf16, LIMIT, SLOTS)
+    quarters = Tuning(dx_forward=True, dx_batch=16)  # fits, when forced
+    assert launch.runs_side_by_side(bf16, LIMIT, SLOTS, quarters)
+    stage56 = Problem(64, 96, 56, 56, 5, 5, 1, "bfloat16", True)  # fits with its one chunk
+    assert launch.backward_dx_plan(stage56, LIMIT, SLOTS) == dx_forward_plan(stage56, LIMIT,
+                                                                             SLOTS)
+    assert launch.runs_side_by_side(stage56, LIMIT, SLOTS)
+    monkeypatch.setattr(launch, "TWO_STREAMS", False)
+    assert launch.backward_dx_plan(fp32, LIMIT, SLOTS) == DxForward((64,), Tuning())
+    assert not launch.runs_side_by_side(fp32, LIMIT, SLOTS)

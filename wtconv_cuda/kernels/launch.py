@@ -277,13 +277,29 @@ DX_FORWARD_BUFFER_FRACTION = 1 / 6
 #: lane kernel, then ``wtconv_finalize``), to overlap on two streams where the
 #: backend can (a recorded program, :mod:`wtconv_cuda.kernels.program`: the
 #: ``dx`` part on a side stream). Both parts' work buffers are then live at once,
-#: so they do only where those fit in `DX_FORWARD_BUFFER_FRACTION` of ``x``'s
+#: so they do only where those fit in `SIDE_BY_SIDE_BUFFER_FRACTION` of ``x``'s
 #: bytes together, if need be with ``dx`` in more batch chunks
 #: (:func:`runs_side_by_side`, :func:`backward_dx_plan`). On an H100 it took the CuPy
 #: training step of the ConvNeXt-T stages 56 / 28 / 14, fp32, from 0.701 /
 #: 0.444 / 0.153 ms to 0.680 / 0.422 / 0.136 ms, back to back
 #: (``benchmarks/lanes_ab.py``, settings ``default`` and ``onestream``).
 TWO_STREAMS = True
+#: Most work-buffer bytes, as a fraction of the bytes of ``x``, that a backward
+#: running its ``dx`` part beside the weight gradients (`TWO_STREAMS`) holds at
+#: once: the flipped filters, the largest ``dx`` chunk's forward buffers and the
+#: weight partials. Tighter than `DX_FORWARD_BUFFER_FRACTION`: PyTorch's training
+#: step peaks above the buffers' sum (its allocator hands out whole cached blocks).
+#: At 1/6 an H100's 28 x 28 bf16 step (``dx`` in two chunks, buffers 0.148 of
+#: ``x``) peaked at 1.1007 times depthwise 7x7's, 0.053 of ``x`` above its
+#: buffers (``results/h100-2026-12-06c/``). At 1/7 the 56 and 14 x 14 stages
+#: fork as before, 28 x 28 fp32 with ``dx`` in two chunks (0.307 ms against 0.310
+#: with one, peak 1.064 against 1.080), and 28 x 28 in 16 bits not at all.
+SIDE_BY_SIDE_BUFFER_FRACTION = 1 / 7
+#: Most batch chunks, as a multiple of the planner's, in which a backward's
+#: ``dx`` may run so that it fits beside the weight gradients
+#: (:func:`backward_dx_plan`). Four chunks lost at 28 x 28 bf16: 0.369 ms side
+#: by side against 0.343 for one chunk on one stream (``streams_bench.py``).
+SIDE_BY_SIDE_MAX_CHUNK_FACTOR = 2
 #: Most batch chunks the forward computing a backward's ``dx`` runs in, so
 #: that its work buffers (per chunk, released in between) fit in
 #: `DX_FORWARD_BUFFER_FRACTION`: each chunk issues the forward's launches
@@ -2074,12 +2090,13 @@ def runs_side_by_side(problem: Problem, shared_limit: int, max_slots: int,
     True where `TWO_STREAMS` is on, ``dx`` comes from the forward kernels and
     both parts' work buffers, live at once (the flipped filters and the
     largest ``dx`` chunk's forward buffers, :func:`dx_forward_floats`, beside
-    the weight-gradient partials), take at most `DX_FORWARD_BUFFER_FRACTION`
+    the weight-gradient partials), take at most `SIDE_BY_SIDE_BUFFER_FRACTION`
     of the bytes of ``x``, with the ``dx`` plan of :func:`backward_dx_plan`.
-    With the planner's own ``dx`` plan that fails at 28 x 28 in 16 bits (4.1
-    MB against 19.3 MB: the split forward's float32 buffers do not shrink with
-    the storage; forked anyway, an H100's training step peaked at 1.12 times
-    depthwise 7x7's), so there ``dx`` runs in two batch chunks.
+    With the planner's own ``dx`` plan that fails at 28 x 28 (the split
+    forward's float32 buffers do not shrink with the storage: forked anyway,
+    an H100's 16-bit training step peaked at 1.12 times depthwise 7x7's), so
+    there fp32 runs ``dx`` in two batch chunks; in 16 bits even two do not fit
+    and the parts run one after the other.
 
     Parameters
     ----------
@@ -2104,11 +2121,12 @@ def backward_dx_plan(problem: Problem, shared_limit: int, max_slots: int,
     :func:`dx_forward_plan`'s (which the planner's direct path, on one
     stream, runs), except where that plan's buffers and the
     weight partials do not fit together (:func:`runs_side_by_side`) and
-    the plan that leaves room for the partials (its ``reserve_floats``) runs
-    the same forward in at most twice the chunks: then that one, beside the
-    weight gradients. At 64 x 192 x 28 x 28 bf16 on an H100 two chunks side by
-    side took the backward from 0.344 to 0.333 ms against one chunk on one
-    stream (two chunks on one stream: 0.363; ``benchmarks/streams_bench.py``).
+    the plan that leaves room for the partials (within
+    `SIDE_BY_SIDE_BUFFER_FRACTION`) runs the same forward in at most
+    `SIDE_BY_SIDE_MAX_CHUNK_FACTOR` times the chunks: then that one, beside the
+    weight gradients. At 64 x 192 x 28 x 28 fp32 on an H100 two chunks side by
+    side took 0.307 ms against 0.319 for one chunk on one stream and 0.310 for
+    one chunk side by side, with 1.3 MB less memory (``benchmarks/streams_bench.py``).
 
     Parameters
     ----------
@@ -2154,8 +2172,9 @@ def _dx_beside_weights(problem: Problem, shared_limit: int, max_slots: int, tuni
     else:
         weight_floats = launch.scratch_floats + (
             0 if launch.spec.fused_finalize else launch.partial_floats)
-    budget = DX_FORWARD_BUFFER_FRACTION * problem.batch * problem.channels * \
-        problem.height * problem.width * ITEMSIZE[problem.storage]
+    x_bytes = problem.batch * problem.channels * problem.height * problem.width * \
+        ITEMSIZE[problem.storage]
+    budget = SIDE_BY_SIDE_BUFFER_FRACTION * x_bytes
 
     def fits(dx_plan):
         return 4 * (dx_forward_floats(problem, dx_plan.batches, shared_limit, max_slots,
@@ -2164,9 +2183,13 @@ def _dx_beside_weights(problem: Problem, shared_limit: int, max_slots: int, tuni
     if fits(plan):
         return plan, True
     if not tuning.dx_batch:
-        roomy = dx_forward_plan(problem, shared_limit, max_slots, tuning, weight_floats)
-        if (roomy is not None and roomy.tuning == plan.tuning
-                and len(roomy.batches) <= 2 * len(plan.batches) and fits(roomy)):
+        # dx_forward_plan's budget is DX_FORWARD_BUFFER_FRACTION less the reserve: reserve
+        # the partials and the difference of the two fractions
+        slack = (DX_FORWARD_BUFFER_FRACTION - SIDE_BY_SIDE_BUFFER_FRACTION) * x_bytes
+        reserve = weight_floats + max(0, -(-int(slack) // 4))
+        roomy = dx_forward_plan(problem, shared_limit, max_slots, tuning, reserve)
+        if (roomy is not None and roomy.tuning == plan.tuning and fits(roomy)
+                and len(roomy.batches) <= SIDE_BY_SIDE_MAX_CHUNK_FACTOR * len(plan.batches)):
             return roomy, True
     return plan, False
 
