@@ -108,13 +108,51 @@ def test_planner_splits_deep_levels_on_large_planes():
     assert back.split == 2 and back.tiles.spec.backward and back.coarse_in.pooled == 2
     assert back.coarse_out == CoarseOutSpec("bfloat16") and plan.coarse_out is None
     for problem, tuning in [
-            (Problem(8, 64, 512, 512, 5, 3, 1, "float32", True), Tuning()),  # tiles whole
+            (Problem(8, 64, 128, 128, 5, 3, 1, "float32", True), Tuning()),  # tiles whole
             (Problem(8, 64, 512, 512, 5, 5, 2, "float32", True), Tuning()),  # stride 2
             (Problem(8, 64, 512, 512, 5, 5, 1, "float32", True), Tuning(tiles=False)),
             (Problem(8, 64, 512, 512, 5, 5, 1, "float32", True), Tuning(split=0)),
             (Problem(8, 64, 512, 512, 5, 5, 1, "float32", True), Tuning(split=5)),
     ]:
         assert plan_split(problem, LIMIT, tuning) is None, (problem, tuning)
+
+
+def test_planner_splits_three_levels_on_large_planes_within_the_buffer_budget():
+    """Whole tiles take L 3, but on planes of at least SPLIT_SHALLOW_MIN_EDGE pixels a
+    side the pass splits at SPLIT_FINE_LEVELS where the split's float32 buffers fit
+    SPLIT_SHALLOW_BUFFER_FRACTION of x's bytes: both passes in fp32, the forward in 16
+    bits (its 16-bit backward's buffers take 0.38 of x; the budget is 1/3). Not on
+    smaller planes, not at
+    L 2 (a split at 1 holds 0.76 of x), and only where whole tiles would run."""
+    from wtconv_cuda.kernels.launch import (ITEMSIZE, SPLIT_SHALLOW_BUFFER_FRACTION,
+                                            SPLIT_SHALLOW_MIN_EDGE)
+    assert SPLIT_SHALLOW_MIN_EDGE == 256
+    at_fine = Tuning(split=SPLIT_FINE_LEVELS)
+    for edge in (256, 512):
+        for storage in ("float32", "bfloat16", "float16"):
+            problem = Problem(8, 128, edge, edge, 5, 3, 1, storage, True)
+            assert plan_tiles(problem, LIMIT) is not None
+            forward = plan_split(problem, LIMIT)
+            assert forward.split == SPLIT_FINE_LEVELS and forward.coarse.levels == 1
+            assert forward.tiles.spec == plan_split(problem, LIMIT, at_fine).tiles.spec
+            back = plan_split(problem, LIMIT, backward=True)
+            forced = plan_split(problem, LIMIT, at_fine, backward=True)
+            floats = forced.layout.floats + max(forced.layout.pooled_floats,
+                                                forced.tiles.partial_floats)
+            fits = 4 * floats <= SPLIT_SHALLOW_BUFFER_FRACTION * problem.batch * \
+                problem.channels * edge * edge * ITEMSIZE[storage]
+            assert fits == (storage == "float32"), (problem, floats)
+            assert (back is not None) == fits
+            if back is not None:
+                assert back.split == SPLIT_FINE_LEVELS and back.tiles.spec.backward
+    for problem in (Problem(8, 128, 128, 128, 5, 3, 1, "float32", True),  # small planes
+                    Problem(8, 128, 512, 200, 5, 3, 1, "float32", True),  # one short side
+                    Problem(8, 128, 512, 512, 5, 2, 1, "float32", True)):  # L 2
+        assert plan_tiles(problem, LIMIT) is not None
+        assert plan_split(problem, LIMIT) is None, problem
+        assert plan_split(problem, LIMIT, backward=True) is None, problem
+    assert plan_split(Problem(8, 128, 512, 512, 5, 3, 1, "float32", True), LIMIT,
+                      Tuning(tiles=False)) is None
 
 
 def test_planner_splits_convnext_stages_with_one_tile_per_plane():

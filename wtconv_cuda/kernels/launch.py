@@ -628,6 +628,22 @@ TILE_MIN_PIXELS = 128 * 128
 #: fp32 on an H200, a split at 2 beat one at 3 by 17-20% (forward, L 4 and 5)
 #: and 40% (backward, L 5), and one at 1 by 5-50% (``tile_bench.py --splits``).
 SPLIT_FINE_LEVELS = 2
+#: Planes at least this many pixels on their shorter side split at
+#: `SPLIT_FINE_LEVELS` even where whole tiles take the pass (L 3 at K 5), if the
+#: split's float32 work buffers fit in `SPLIT_SHALLOW_BUFFER_FRACTION` of the bytes
+#: of ``x``. On an H100 at 8 x C x 256 x 256 and 512 x 512, L 3, K 5, the split
+#: backward took 28-31% less time than whole tiles in fp32 (9.555 -> 6.651 ms at
+#: 8 x 128 x 512 x 512) and the forward 1-4% less in fp32 and 9-12% in bf16; on
+#: 128 x 128 planes it lost at 8 x 32 (``tile_bench.py --auto-splits``,
+#: ``results/h100-2026-12-06c/shallow/``). A split at 1 was faster still
+#: backward (5.827 ms) but its buffers take 0.76 times the bytes of an fp32 ``x``.
+SPLIT_SHALLOW_MIN_EDGE = 256
+#: See `SPLIT_SHALLOW_MIN_EDGE`: the work buffers a split at 2 holds at once take
+#: 0.125 (forward) and 0.19 (backward) of an fp32 ``x``'s bytes, 0.25 and 0.38 of a
+#: 16-bit one's, so 16-bit backwards stay whole (the L 5 split, which has no whole
+#: alternative, holds the same and peaks at 1.097 times depthwise 7x7's training
+#: memory on these planes in fp32 and 1.19 in bf16).
+SPLIT_SHALLOW_BUFFER_FRACTION = 1 / 3
 
 
 class SmallTileSplit(NamedTuple):
@@ -1343,7 +1359,10 @@ def plan_split(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
     ``4**c`` times smaller problem (:mod:`.coarse`), and the tiles run ``c``
     levels with the result. By default a stride-1 pass splits where
     :func:`plan_tiles` does not take it whole but takes it at ``c <=``
-    `SPLIT_FINE_LEVELS` levels (the largest such ``c``), and on planes no
+    `SPLIT_FINE_LEVELS` levels (the largest such ``c``), where the tiles take it
+    whole but at more than `SPLIT_FINE_LEVELS` levels on planes of at least
+    `SPLIT_SHALLOW_MIN_EDGE` pixels a side whose split buffers fit
+    `SPLIT_SHALLOW_BUFFER_FRACTION`, and on planes no
     larger than a tile (`TILE_EDGE`) the forward as `SPLIT_SMALL_TILES` says
     for the plane's tile, when that tile wastes at most `SPLIT_MAX_WASTE` of
     its pixels and keeps its halo within `TILE_MAX_READ`, in problems large
@@ -1371,22 +1390,27 @@ def plan_split(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
     p = problem
     if p.stride != 1 or p.levels < 2 or tuning.tiles is False:
         return None
+    shallow = False  # a default split where whole tiles would run the pass
     if tuning.split is not None:
         if not 1 <= tuning.split < p.levels:
             return None
         choices = [tuning.split]
         tuning = tuning._replace(tiles=True)
     else:
-        if plan_tiles(p, shared_limit, tuning, backward) is not None:
+        shallow = plan_tiles(p, shared_limit, tuning, backward) is not None
+        if shallow and (p.levels <= SPLIT_FINE_LEVELS
+                        or min(p.height, p.width) < SPLIT_SHALLOW_MIN_EDGE):
             return None
         choices = range(min(p.levels - 1, SPLIT_FINE_LEVELS), 0, -1)
+        if shallow:
+            choices = [SPLIT_FINE_LEVELS]
     for c in choices:
         fine = whole_tiles(p._replace(levels=c), shared_limit, tuning, backward)
         if fine is not None:
             break
     else:
-        small = None if tuning.split is not None else _small_plane_tiles(p, shared_limit,
-                                                                         tuning, backward)
+        small = None if tuning.split is not None or shallow else _small_plane_tiles(
+            p, shared_limit, tuning, backward)
         if small is None:
             return None
         c, fine = small
@@ -1406,6 +1430,14 @@ def plan_split(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
                       layout.wavelet_weight - layout.base_weight, coarse.levels * C * 4 * K2,
                       coarse.levels * C * 4, c * C * 4 * K2, c * C * 4)
     in_place = not backward and plan_registers(coarse, shared_limit) is not None
+    if shallow:  # whole tiles would do: split only within the buffer budget
+        # live at once: the coarse buffer beside the pooled arrays, and backward
+        # beside the tiles' partials (requested after the pooled arrays' release)
+        floats = layout.floats + max(0 if in_place else layout.pooled_floats,
+                                     fine.partial_floats if backward else 0)
+        x_bytes = p.batch * p.channels * p.height * p.width * ITEMSIZE[p.storage]
+        if 4 * floats > SPLIT_SHALLOW_BUFFER_FRACTION * x_bytes:
+            return None
     return SplitPlan(c, spec, grid, layout, coarse, fine, out, scalars, in_place)
 
 
