@@ -122,7 +122,7 @@ def test_planner_splits_three_levels_on_large_planes_within_the_buffer_budget():
     side the pass splits at SPLIT_FINE_LEVELS where the split's float32 buffers fit
     SPLIT_SHALLOW_BUFFER_FRACTION of x's bytes: both passes in fp32, the forward in 16
     bits (its 16-bit backward's buffers take 0.38 of x; the budget is 1/3). Not on
-    smaller planes, not at
+    smaller planes, not at K 3 (not measured), not at
     L 2 (a split at 1 holds 0.76 of x), and only where whole tiles would run."""
     from wtconv_cuda.kernels.launch import (ITEMSIZE, SPLIT_SHALLOW_BUFFER_FRACTION,
                                             SPLIT_SHALLOW_MIN_EDGE)
@@ -147,7 +147,9 @@ def test_planner_splits_three_levels_on_large_planes_within_the_buffer_budget():
                 assert back.split == SPLIT_FINE_LEVELS and back.tiles.spec.backward
     for problem in (Problem(8, 128, 128, 128, 5, 3, 1, "float32", True),  # small planes
                     Problem(8, 128, 512, 200, 5, 3, 1, "float32", True),  # one short side
-                    Problem(8, 128, 512, 512, 5, 2, 1, "float32", True)):  # L 2
+                    Problem(8, 128, 512, 512, 5, 2, 1, "float32", True),  # L 2
+                    Problem(8, 128, 512, 512, 3, 3, 1, "float32", True),  # K 3: unmeasured
+                    Problem(8, 128, 512, 512, 3, 4, 1, "float32", True)):
         assert plan_tiles(problem, LIMIT) is not None
         assert plan_split(problem, LIMIT) is None, problem
         assert plan_split(problem, LIMIT, backward=True) is None, problem
