@@ -2209,9 +2209,8 @@ def _dx_beside_weights(problem: Problem, shared_limit: int, max_slots: int, tuni
     else:
         weight_floats = launch.scratch_floats + (
             0 if launch.spec.fused_finalize else launch.partial_floats)
-    x_bytes = problem.batch * problem.channels * problem.height * problem.width * \
-        ITEMSIZE[problem.storage]
-    budget = SIDE_BY_SIDE_BUFFER_FRACTION * x_bytes
+    budget = SIDE_BY_SIDE_BUFFER_FRACTION * problem.batch * problem.channels * \
+        problem.height * problem.width * ITEMSIZE[problem.storage]
 
     def fits(dx_plan):
         return 4 * (dx_forward_floats(problem, dx_plan.batches, shared_limit, max_slots,
@@ -2220,11 +2219,8 @@ def _dx_beside_weights(problem: Problem, shared_limit: int, max_slots: int, tuni
     if fits(plan):
         return plan, True
     if not tuning.dx_batch:
-        # dx_forward_plan's budget is DX_FORWARD_BUFFER_FRACTION less the reserve: reserve
-        # the partials and the difference of the two fractions
-        slack = (DX_FORWARD_BUFFER_FRACTION - SIDE_BY_SIDE_BUFFER_FRACTION) * x_bytes
-        reserve = weight_floats + max(0, -(-int(slack) // 4))
-        roomy = dx_forward_plan(problem, shared_limit, max_slots, tuning, reserve)
+        roomy = dx_forward_plan(problem, shared_limit, max_slots, tuning, weight_floats,
+                                SIDE_BY_SIDE_BUFFER_FRACTION)
         if (roomy is not None and roomy.tuning == plan.tuning and fits(roomy)
                 and len(roomy.batches) <= SIDE_BY_SIDE_MAX_CHUNK_FACTOR * len(plan.batches)):
             return roomy, True
@@ -2326,7 +2322,8 @@ class DxForward(NamedTuple):
 
 @lru_cache(maxsize=1024)
 def dx_forward_plan(problem: Problem, shared_limit: int, max_slots: int,
-                    tuning: Tuning = Tuning(), reserve_floats: int = 0) -> DxForward | None:
+                    tuning: Tuning = Tuning(), reserve_floats: int = 0,
+                    fraction: float | None = None) -> DxForward | None:
     """The forward runs that compute a plane backward's ``dx``, or None.
 
     The runs go one after another on ``dy``'s batch entries in order, each
@@ -2366,6 +2363,10 @@ def dx_forward_plan(problem: Problem, shared_limit: int, max_slots: int,
         float32 elements of other work buffers live beside the runs' (the
         weight partials, where the two run side by side): the budget shrinks
         by their bytes.
+    fraction : float, optional
+        The budget as a fraction of the bytes of ``x`` instead of
+        `DX_FORWARD_BUFFER_FRACTION` (`SIDE_BY_SIDE_BUFFER_FRACTION` for a
+        plan that runs beside the weight gradients).
 
     Returns
     -------
@@ -2388,8 +2389,9 @@ def dx_forward_plan(problem: Problem, shared_limit: int, max_slots: int,
             q, r = divmod(B, chunks)
             candidates.append((q + 1,) * r + (q,) * (chunks - r))
             chunks *= 2
-    budget = (DX_FORWARD_BUFFER_FRACTION * elements * ITEMSIZE[problem.storage]
-              - 4 * reserve_floats)
+    if fraction is None:
+        fraction = DX_FORWARD_BUFFER_FRACTION
+    budget = fraction * elements * ITEMSIZE[problem.storage] - 4 * reserve_floats
 
     def fits(batches, forward):
         return 4 * dx_forward_floats(problem, batches, shared_limit, max_slots,
