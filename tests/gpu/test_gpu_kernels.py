@@ -269,23 +269,25 @@ def test_tile_planes_match_one_plane_a_block(planes, storage):
 
 
 @pytest.mark.parametrize("storage", list(DTYPES))
-@pytest.mark.parametrize("shape,levels,tile,split,backward_splits", [
-    ((2, 4, 257, 300), 5, 64, 2, DTYPES),
-    ((2, 4, 257, 300), 3, 64, 2, ("float32",)),  # whole tiles would take it
-    ((32, 48, 28, 28), 4, 32, 2, ()),
-    ((64, 384, 14, 14), 3, 16, 1, ())])
-def test_split_is_the_default_for_deep_levels(shape, levels, tile, split, backward_splits,
+@pytest.mark.parametrize("shape,levels,k,tile,split,backward_splits", [
+    ((2, 4, 257, 300), 5, 5, 64, 2, DTYPES),
+    ((2, 4, 257, 300), 3, 5, 64, 2, ("float32",)),  # whole tiles would take it
+    ((2, 4, 257, 300), 4, 3, 64, 2, ("float32",)),  # likewise at K 3
+    ((32, 48, 28, 28), 4, 5, 32, 2, ()),
+    ((64, 384, 14, 14), 3, 5, 16, 1, ())])
+def test_split_is_the_default_for_deep_levels(shape, levels, k, tile, split, backward_splits,
                                               storage):
-    """The planner's own split (large planes: both passes, at L 3 the backward in fp32
-    only; the 28 x 28 and 14 x 14 stages, one tile per plane: the forward)."""
-    if 5 not in KERNEL_SIZES:
-        pytest.skip("K = 5 runs in another GPU process")
-    problem = Problem(*shape, 5, levels, 1, storage, True)
+    """The planner's own split (large planes: both passes, where whole tiles would take
+    the pass the backward in fp32 only; the 28 x 28 and 14 x 14 stages, one tile per
+    plane: the forward)."""
+    if k not in KERNEL_SIZES:
+        pytest.skip(f"K = {k} runs in another GPU process")
+    problem = Problem(*shape, k, levels, 1, storage, True)
     plan = plan_split(problem, backend().shared_limit)
     assert plan.split == split and plan.tiles.spec.tile == tile
     back = plan_split(problem, backend().shared_limit, backward=True)
     assert (back is not None) == (storage in backward_splits)
-    run_case(shape, levels, 5, 1, storage)
+    run_case(shape, levels, k, 1, storage)
 
 
 @pytest.mark.parametrize("storage", list(DTYPES))

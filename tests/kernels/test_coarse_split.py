@@ -122,8 +122,9 @@ def test_planner_splits_three_levels_on_large_planes_within_the_buffer_budget():
     side the pass splits at SPLIT_FINE_LEVELS where the split's float32 buffers fit
     SPLIT_SHALLOW_BUFFER_FRACTION of x's bytes: both passes in fp32, the forward in 16
     bits (its 16-bit backward's buffers take 0.38 of x; the budget is 1/3). Not on
-    smaller planes, not at K 3 (not measured), not at
-    L 2 (a split at 1 holds 0.76 of x), and only where whole tiles would run."""
+    smaller planes, not at L 2 (a split at 1 holds 0.76 of x), not where whole tiles
+    load fewer than SPLIT_SHALLOW_MIN_READ pixels per output pixel (K 3 at L 3: 1.56;
+    at L 4 they load 2.25, as K 5 at L 3), and only where whole tiles would run."""
     from wtconv_cuda.kernels.launch import (ITEMSIZE, SPLIT_SHALLOW_BUFFER_FRACTION,
                                             SPLIT_SHALLOW_MIN_EDGE)
     assert SPLIT_SHALLOW_MIN_EDGE == 256
@@ -148,13 +149,17 @@ def test_planner_splits_three_levels_on_large_planes_within_the_buffer_budget():
     for problem in (Problem(8, 128, 128, 128, 5, 3, 1, "float32", True),  # small planes
                     Problem(8, 128, 512, 200, 5, 3, 1, "float32", True),  # one short side
                     Problem(8, 128, 512, 512, 5, 2, 1, "float32", True),  # L 2
-                    Problem(8, 128, 512, 512, 3, 3, 1, "float32", True),  # K 3: unmeasured
-                    Problem(8, 128, 512, 512, 3, 4, 1, "float32", True)):
+                    Problem(8, 128, 512, 512, 3, 3, 1, "float32", True)):  # reads 1.56
         assert plan_tiles(problem, LIMIT) is not None
         assert plan_split(problem, LIMIT) is None, problem
         assert plan_split(problem, LIMIT, backward=True) is None, problem
     assert plan_split(Problem(8, 128, 512, 512, 5, 3, 1, "float32", True), LIMIT,
                       Tuning(tiles=False)) is None
+    k3 = Problem(8, 64, 256, 256, 3, 4, 1, "float32", True)  # timed: the split won
+    assert plan_tiles(k3, LIMIT) is not None
+    assert plan_split(k3, LIMIT).split == SPLIT_FINE_LEVELS
+    assert plan_split(k3, LIMIT, backward=True).split == SPLIT_FINE_LEVELS
+    assert plan_split(k3._replace(storage="bfloat16"), LIMIT, backward=True) is None
 
 
 def test_planner_splits_convnext_stages_with_one_tile_per_plane():

@@ -638,10 +638,13 @@ SPLIT_FINE_LEVELS = 2
 #: ``results/h100-2026-12-06c/shallow/``). A split at 1 was faster still
 #: backward (5.827 ms) but its buffers take 0.76 times the bytes of an fp32 ``x``.
 SPLIT_SHALLOW_MIN_EDGE = 256
-#: Smallest kernel size that `SPLIT_SHALLOW_MIN_EDGE` applies to: measured at K 5
-#: only (at K 7 and 9 whole tiles do not take L 3); at K 3, whose smaller halos let
-#: whole tiles take L 3 and 4, the trade was not measured, so those stay whole.
-SPLIT_SHALLOW_MIN_KERNEL = 5
+#: Fewest pixels of ``x`` whole tiles must load per output pixel
+#: (``TileGeometry.read_amplification``) for `SPLIT_SHALLOW_MIN_EDGE` to split them:
+#: the split paid where they load 2.25 (K 5 at L 3; K 3 at L 4, 8 x 64 x 256 x 256:
+#: backward 1.043 -> 0.684 ms, forward 0.280 -> 0.259 in fp32) and lost where they
+#: load 1.56 (K 3 at L 3: backward 0.644 -> 0.677, forward 0.206 -> 0.254;
+#: ``results/h100-2026-12-06c/k3/``).
+SPLIT_SHALLOW_MIN_READ = 2.0
 #: See `SPLIT_SHALLOW_MIN_EDGE`: the work buffers a split at 2 holds at once take
 #: 0.125 (forward) and 0.19 (backward) of an fp32 ``x``'s bytes, 0.25 and 0.38 of a
 #: 16-bit one's, so 16-bit backwards stay whole (the L 5 split, which has no whole
@@ -1366,7 +1369,8 @@ def plan_split(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
     `SPLIT_FINE_LEVELS` levels (the largest such ``c``), where the tiles take it
     whole but at more than `SPLIT_FINE_LEVELS` levels on planes of at least
     `SPLIT_SHALLOW_MIN_EDGE` pixels a side whose split buffers fit
-    `SPLIT_SHALLOW_BUFFER_FRACTION` (``K >=`` `SPLIT_SHALLOW_MIN_KERNEL`), and on planes no
+    `SPLIT_SHALLOW_BUFFER_FRACTION` where whole tiles load at least
+    `SPLIT_SHALLOW_MIN_READ` pixels per output pixel, and on planes no
     larger than a tile (`TILE_EDGE`) the forward as `SPLIT_SMALL_TILES` says
     for the plane's tile, when that tile wastes at most `SPLIT_MAX_WASTE` of
     its pixels and keeps its halo within `TILE_MAX_READ`, in problems large
@@ -1401,10 +1405,12 @@ def plan_split(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
         choices = [tuning.split]
         tuning = tuning._replace(tiles=True)
     else:
-        shallow = plan_tiles(p, shared_limit, tuning, backward) is not None
+        whole = plan_tiles(p, shared_limit, tuning, backward)
+        shallow = whole is not None
         if shallow and (p.levels <= SPLIT_FINE_LEVELS
-                        or p.kernel_size < SPLIT_SHALLOW_MIN_KERNEL
-                        or min(p.height, p.width) < SPLIT_SHALLOW_MIN_EDGE):
+                        or min(p.height, p.width) < SPLIT_SHALLOW_MIN_EDGE
+                        or spec_geometry(whole.spec).read_amplification
+                        < SPLIT_SHALLOW_MIN_READ):
             return None
         choices = range(min(p.levels - 1, SPLIT_FINE_LEVELS), 0, -1)
         if shallow:
