@@ -256,6 +256,12 @@ def storage_words(count: int, storage: str) -> int:
     return -(-count * ITEMSIZE[storage] // 4)
 
 
+def _x_bytes(problem: Problem) -> int:
+    """Bytes of the call's ``x``: the unit of the planner's work-buffer budgets."""
+    return (problem.batch * problem.channels * problem.height * problem.width
+            * ITEMSIZE[problem.storage])
+
+
 #: The backward's weight-gradient partials aim at no more than this fraction
 #: of the bytes of ``x`` (see :func:`batch_chunk`).
 PARTIAL_FRACTION = 1 / 8
@@ -336,7 +342,7 @@ def batch_chunk(problem: Problem, ntaps: int, group: int, max_slots: int) -> int
         ``rb`` in ``1 .. B``, a power of two unless clipped to ``B``.
     """
     b, c = problem.batch, problem.channels
-    x_bytes = b * c * problem.height * problem.width * ITEMSIZE[problem.storage]
+    x_bytes = _x_bytes(problem)
     rb = 1
     while rb < b:
         nchunks = -(-b // rb)
@@ -629,7 +635,8 @@ TILE_MIN_PIXELS = 128 * 128
 #: and 40% (backward, L 5), and one at 1 by 5-50% (``tile_bench.py --splits``).
 SPLIT_FINE_LEVELS = 2
 #: Planes at least this many pixels on their shorter side split at
-#: `SPLIT_FINE_LEVELS` even where whole tiles take the pass (L 3 at K 5), if the
+#: `SPLIT_FINE_LEVELS` even where whole tiles take the pass, if those load at least
+#: `SPLIT_SHALLOW_MIN_READ` pixels per output pixel (L 3 at K 5, L 4 at K 3) and the
 #: split's float32 work buffers fit in `SPLIT_SHALLOW_BUFFER_FRACTION` of the bytes
 #: of ``x``. On an H100 at 8 x C x 256 x 256 and 512 x 512, L 3, K 5, the split
 #: backward took 28-31% less time than whole tiles in fp32 (9.555 -> 6.651 ms at
@@ -1210,7 +1217,7 @@ def plan_lanes(problem: Problem, shared_limit: int, max_slots: int, tuning: Tuni
     if not lanes:
         return None
     ntaps = p.kernel_size ** 2 * (1 + 4 * p.levels) + 1
-    x_bytes = p.batch * p.channels * p.height * p.width * ITEMSIZE[p.storage]
+    x_bytes = _x_bytes(p)
     forced = tuning.lanes is not None
     counts = ((tuning.lane_groups,) if tuning.lane_groups
               else (1,) if forced else range(1, LANE_GROUPS_MAX + 1))
@@ -1364,13 +1371,16 @@ def plan_split(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
     The tiles' halo doubles with every level (:mod:`wtconv_cuda.kernels.tiles`).
     The levels above ``c`` run first on the raw LL band of level ``c``, a
     ``4**c`` times smaller problem (:mod:`.coarse`), and the tiles run ``c``
-    levels with the result. By default a stride-1 pass splits where
-    :func:`plan_tiles` does not take it whole but takes it at ``c <=``
-    `SPLIT_FINE_LEVELS` levels (the largest such ``c``), where the tiles take it
-    whole but at more than `SPLIT_FINE_LEVELS` levels on planes of at least
-    `SPLIT_SHALLOW_MIN_EDGE` pixels a side whose split buffers fit
-    `SPLIT_SHALLOW_BUFFER_FRACTION` where whole tiles load at least
-    `SPLIT_SHALLOW_MIN_READ` pixels per output pixel, and on planes no
+    levels with the result. By default a stride-1 pass splits
+
+    - where :func:`plan_tiles` does not take it whole but takes it at ``c <=``
+      `SPLIT_FINE_LEVELS` levels (the largest such ``c``);
+    - at ``c =`` `SPLIT_FINE_LEVELS` where the tiles would take it whole at more
+      levels while loading at least `SPLIT_SHALLOW_MIN_READ` pixels per output
+      pixel, on planes of at least `SPLIT_SHALLOW_MIN_EDGE` pixels a side, if the
+      split's work buffers fit `SPLIT_SHALLOW_BUFFER_FRACTION` of ``x``'s bytes;
+
+    and on planes no
     larger than a tile (`TILE_EDGE`) the forward as `SPLIT_SMALL_TILES` says
     for the plane's tile, when that tile wastes at most `SPLIT_MAX_WASTE` of
     its pixels and keeps its halo within `TILE_MAX_READ`, in problems large
@@ -1446,8 +1456,7 @@ def plan_split(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
         # beside the tiles' partials (requested after the pooled arrays' release)
         floats = layout.floats + max(0 if in_place else layout.pooled_floats,
                                      fine.partial_floats if backward else 0)
-        x_bytes = p.batch * p.channels * p.height * p.width * ITEMSIZE[p.storage]
-        if 4 * floats > SPLIT_SHALLOW_BUFFER_FRACTION * x_bytes:
+        if 4 * floats > SPLIT_SHALLOW_BUFFER_FRACTION * _x_bytes(p):
             return None
     return SplitPlan(c, spec, grid, layout, coarse, fine, out, scalars, in_place)
 
@@ -2215,8 +2224,7 @@ def _dx_beside_weights(problem: Problem, shared_limit: int, max_slots: int, tuni
     else:
         weight_floats = launch.scratch_floats + (
             0 if launch.spec.fused_finalize else launch.partial_floats)
-    budget = SIDE_BY_SIDE_BUFFER_FRACTION * problem.batch * problem.channels * \
-        problem.height * problem.width * ITEMSIZE[problem.storage]
+    budget = SIDE_BY_SIDE_BUFFER_FRACTION * _x_bytes(problem)
 
     def fits(dx_plan):
         return 4 * (dx_forward_floats(problem, dx_plan.batches, shared_limit, max_slots,
