@@ -77,10 +77,10 @@
 #              onestream at the ConvNeXt-T stages 56, 28 and 14, fp32 and bf16, and
 #              benchmarks/streams_bench.py (the recorded programs on one stream and two,
 #              dx in one or two batch chunks); carry ptx-Kbench (~6 min)
-#   shallowsplit  L 2 and 3 on large planes: the GPU tests of the planner's splits (K 5),
-#              then whole tiles against the planner's own tiles split at 1 and 2
-#              (tile_bench.py --auto-splits), forward and backward, fp32 and bf16
-#              ($SHALLOW_CONFIGS)                                    (~6 min cold)
+#   shallowsplit  splits where whole tiles would run (L 2 and 3 on large planes): the GPU
+#              tests of the planner's splits (K 5), then whole tiles against the planner's
+#              own tiles split at 1 and 2 (tile_bench.py --auto-splits), forward and
+#              backward, fp32 and bf16 ($SHALLOW_CONFIGS, $SHALLOW_K)   (~6 min cold)
 #   tiledtypes the paper grid's forward and training step per dtype (fp32 / fp16 / bf16), on
 #              $AB_BASE's tree (if set) and the working tree, then ncu of the L3 tile
 #              kernel at 8x64x256x256 in fp16 ($TILEDTYPE_SHAPES)     (~4 min cold)
@@ -477,24 +477,30 @@ run_split() {
 }
 
 run_shallowsplit() {
-  # L 2 and 3 on large planes (paper grid sizes): whole tiles (the planner's choice
-  # before this phase) against the planner's own tiles split at 1 and 2, forward and
-  # backward, fp32 and bf16 ($SHALLOW_CONFIGS: tile_bench.py configurations).
-  echo "== shallow splits: GPU tests of the planner's splits (K 5), then L 2-3 whole tiles"
-  echo "   against splits at 1 and 2 (tile_bench.py)"
+  # Splits where whole tiles would run (paper grid sizes): the GPU tests of the planner's
+  # splits (K of $SHALLOW_KS, default 5; SHALLOW_TESTS=0 skips them), then whole tiles
+  # against the planner's own tiles split at 1 and 2, forward and backward, fp32 and bf16
+  # ($SHALLOW_CONFIGS: tile_bench.py configurations; $SHALLOW_K: their kernel size).
+  # results/h100-2026-12-06c/k3/ ran SHALLOW_TESTS=0 SHALLOW_K=3 SHALLOW_SPLITS=2
+  # SHALLOW_CONFIGS="8x64x256x256:3 8x128x512x512:3 8x64x256x256:4 8x128x512x512:4".
+  echo "== shallow splits: GPU tests of the planner's splits, then whole tiles against"
+  echo "   splits at ${SHALLOW_SPLITS:-1 2} (tile_bench.py, K ${SHALLOW_K:-5})"
   local rc=0 log configs
-  WTCONV_TEST_GPU=1 WTCONV_TEST_KS=5 timeout 420 python3 -m pytest -q -n 12 -p no:cacheprovider \
-    -p no:benchmark tests/gpu/test_gpu_kernels.py -k "split_is_the_default or split_matches" \
-    >"$OUT/shallow_tests.log" 2>&1 || rc=1
-  tail -n 4 "$OUT/shallow_tests.log"
+  if [ "${SHALLOW_TESTS:-1}" != 0 ]; then
+    WTCONV_TEST_GPU=1 WTCONV_TEST_KS=${SHALLOW_KS:-5} timeout 420 python3 -m pytest -q -n 12 \
+      -p no:cacheprovider -p no:benchmark tests/gpu/test_gpu_kernels.py \
+      -k "split_is_the_default or split_matches" >"$OUT/shallow_tests.log" 2>&1 || rc=1
+    tail -n 4 "$OUT/shallow_tests.log"
+  fi
   configs=${SHALLOW_CONFIGS:-"8x32x128x128:3 8x128x128x128:3 8x64x256x256:3 8x128x256x256:3 8x64x512x512:3 8x128x512x512:3 8x64x256x256:2 8x128x512x512:2"}
   # shellcheck disable=SC2086
-  timeout 280 python3 benchmarks/tile_bench.py --backward --configs $configs --variants \
-    --auto-splits 1 2 --no-plane --storage float32 bfloat16 \
-    --json "$OUT/shallow_backward.json" >"$OUT/shallow_backward.log" 2>&1 || rc=1
+  timeout 280 python3 benchmarks/tile_bench.py --k "${SHALLOW_K:-5}" --backward \
+    --configs $configs --variants --auto-splits ${SHALLOW_SPLITS:-1 2} --no-plane \
+    --storage float32 bfloat16 --json "$OUT/shallow_backward.json" \
+    >"$OUT/shallow_backward.log" 2>&1 || rc=1
   # shellcheck disable=SC2086
-  timeout 200 python3 benchmarks/tile_bench.py --configs $configs --variants \
-    --auto-splits 1 2 --no-plane --storage float32 bfloat16 \
+  timeout 200 python3 benchmarks/tile_bench.py --k "${SHALLOW_K:-5}" --configs $configs \
+    --variants --auto-splits ${SHALLOW_SPLITS:-1 2} --no-plane --storage float32 bfloat16 \
     --json "$OUT/shallow_forward.json" >"$OUT/shallow_forward.log" 2>&1 || rc=1
   for log in shallow_backward shallow_forward; do
     echo "-- $log"
