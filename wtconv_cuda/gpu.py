@@ -14,9 +14,8 @@ from functools import lru_cache
 import numpy as np
 
 from ._validate import output_shape
-from .kernels.driver import DeviceScope
+from .kernels.driver import DeviceScope, side_stream
 from .kernels.launch import CupyBackend, Problem, Weights
-from .kernels.driver import side_stream
 from .kernels.program import record, run_direct
 from .weights import WTConvWeights
 
