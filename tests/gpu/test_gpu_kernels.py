@@ -29,7 +29,7 @@ from wtconv_cuda.kernels import launch as planner  # noqa: E402
 from wtconv_cuda.kernels.launch import (  # noqa: E402
     DX_INNER, CupyBackend, DxForward, Problem, Tuning, Weights, dx_forward_plan, plan_lanes,
     plan_lanes_forward, plan_plane, plan_registers, plan_split, plan_tiles, run_backward,
-    run_forward,
+    run_forward, split_batch_chunks,
 )
 from wtconv_cuda.weights import WTConvWeights  # noqa: E402
 
@@ -242,15 +242,33 @@ SPLIT_CASES += [((2, 3, 27, 28), 4, k, 2, 28) for k in KERNEL_SIZES]
 @pytest.mark.parametrize("storage", list(DTYPES))
 @pytest.mark.parametrize("shape,levels,k,split,tile", SPLIT_CASES)
 def test_split_matches_oracle(shape, levels, k, split, tile, storage):
-    """Forward and backward (dx, every gradient, determinism) of a forced split."""
-    tuning = Tuning(split=split, tile=tile)
+    """Forward and backward (dx, every gradient, determinism) of a forced split, the
+    batch whole."""
+    tuning = Tuning(split=split, tile=tile, split_batch=shape[0])
     problem = Problem(*shape, k, levels, 1, storage, True)
     for backward in (False, True):
         plan = plan_split(problem, backend().shared_limit, tuning, backward)
         assert plan is not None and plan.split == split
+    assert split_batch_chunks(problem, backend().shared_limit, backend().max_slots,
+                              tuning) == ()
     run_case(shape, levels, k, 1, storage, tuning=tuning)
     if k == 3:
         run_case(shape, levels, k, 1, storage, bias=False, tuning=tuning)
+
+
+@pytest.mark.parametrize("storage", list(DTYPES))
+@pytest.mark.parametrize("shape,levels,k,split,tile,split_batch",
+                         [((3, 3, 130, 67), 5, k, 2, 32, 2) for k in KERNEL_SIZES]
+                         + [((4, 8, 56, 55), 5, k, 2, 56, 1) for k in KERNEL_SIZES])
+def test_split_backward_in_batch_chunks_matches_oracle(shape, levels, k, split, tile,
+                                                       split_batch, storage):
+    """A forced split's backward in batch chunks (uneven: 2 + 1; and of one entry):
+    dx and every gradient against the oracle, twice alike."""
+    tuning = Tuning(split=split, tile=tile, split_batch=split_batch)
+    problem = Problem(*shape, k, levels, 1, storage, True)
+    chunks = split_batch_chunks(problem, backend().shared_limit, backend().max_slots, tuning)
+    assert len(chunks) == -(-shape[0] // split_batch)
+    run_case(shape, levels, k, 1, storage, bias=k == 3, tuning=tuning)
 
 
 @pytest.mark.parametrize("storage", list(DTYPES))
@@ -278,8 +296,8 @@ def test_tile_planes_match_one_plane_a_block(planes, storage):
 def test_split_is_the_default_for_deep_levels(shape, levels, k, tile, split, backward_splits,
                                               storage):
     """The planner's own split (large planes: both passes, where whole tiles would take
-    the pass the backward in fp32 only; the 28 x 28 and 14 x 14 stages, one tile per
-    plane: the forward)."""
+    the pass the backward in fp32 only, in batch chunks of one entry; the 28 x 28 and
+    14 x 14 stages, one tile per plane: the forward)."""
     if k not in KERNEL_SIZES:
         pytest.skip(f"K = {k} runs in another GPU process")
     problem = Problem(*shape, k, levels, 1, storage, True)
@@ -287,6 +305,9 @@ def test_split_is_the_default_for_deep_levels(shape, levels, k, tile, split, bac
     assert plan.split == split and plan.tiles.spec.tile == tile
     back = plan_split(problem, backend().shared_limit, backward=True)
     assert (back is not None) == (storage in backward_splits)
+    if back is not None:  # the whole batch's buffers would pass the budget: one entry each
+        assert len(split_batch_chunks(problem, backend().shared_limit,
+                                      backend().max_slots)) == shape[0]
     run_case(shape, levels, k, 1, storage)
 
 

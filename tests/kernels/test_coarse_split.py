@@ -13,7 +13,8 @@ from wtconv_cuda import reference
 from wtconv_cuda.kernels import launch
 from wtconv_cuda.kernels.codegen import FinalizeSpec
 from wtconv_cuda.kernels.coarse import (
-    CoarseOutSpec, CoarseSpec, coarse_in_source, coarse_layout, coarse_out_source,
+    CoarseOutSpec, CoarseSpec, PartialSumSpec, coarse_in_source, coarse_layout,
+    coarse_out_source,
 )
 from wtconv_cuda.kernels.launch import (
     SPLIT_FINE_LEVELS, Problem, Tuning, Weights, plan_registers, plan_split, plan_tiles,
@@ -51,6 +52,35 @@ def test_split_matches_oracle(rng, shape, levels, k, split, tile, threads, strip
                               bias):
     """Forward and backward, split: outputs and every gradient against the oracle, inputs
     untouched, work buffers as work_buffers() says."""
+    _check_split(rng, shape, levels, k, split, Tuning(split=split, tile=tile, threads=threads,
+                                                      strip=strip), storage, bias)
+
+
+#: (shape, levels, k, split, tile, split_batch, storage, bias): the backward in batch
+#: chunks, uneven (2 + 1 entries) and of one entry each.
+CHUNK_CASES = [
+    ((3, 2, 19, 21), 3, 3, 1, 8, 2, "float32", True),
+    ((2, 1, 17, 12), 3, 5, 2, 8, 1, "float16", False),
+]
+
+
+@simulator
+@pytest.mark.parametrize("shape,levels,k,split,tile,split_batch,storage,bias", CHUNK_CASES)
+def test_split_backward_in_batch_chunks_matches_oracle(rng, shape, levels, k, split, tile,
+                                                       split_batch, storage, bias):
+    """The split backward in batch chunks (Tuning.split_batch): dx and every gradient
+    against the oracle, its work buffers as work_buffers() says, one chunk sum each."""
+    tuning = Tuning(split=split, tile=tile, threads=32, strip=2, split_batch=split_batch)
+    problem = Problem(*shape, k, levels, 1, storage, bias)
+    chunks = launch.split_batch_chunks(problem, 227 * 1024, 2, tuning)
+    want = [split_batch] * (shape[0] // split_batch) + [shape[0] % split_batch] * (
+        shape[0] % split_batch > 0)
+    assert [plan.coarse.batch for plan in chunks] == want
+    assert PartialSumSpec() in planned_specs(problem, True, 227 * 1024, 2, tuning)
+    _check_split(rng, shape, levels, k, split, tuning, storage, bias)
+
+
+def _check_split(rng, shape, levels, k, split, tuning, storage, bias):
     dtype, tol = {"float32": (np.float32, 2e-6), "float16": (np.float16, 2e-3)}[storage]
     b, c, h, w = shape
     x = rng.standard_normal(shape).astype(dtype)
@@ -59,7 +89,6 @@ def test_split_matches_oracle(rng, shape, levels, k, split, tile, threads, strip
     weights = Weights(wts.base_weight, wts.base_bias if bias else wts.base_scale,
                       wts.base_scale, wts.wavelet_weight, wts.wavelet_scale)
     problem = Problem(b, c, h, w, k, levels, 1, storage, bias)
-    tuning = Tuning(split=split, tile=tile, threads=threads, strip=strip)
     backend = RecordingBackend()
     for backward in (False, True):
         plan = plan_split(problem, backend.shared_limit, tuning, backward)
@@ -115,6 +144,54 @@ def test_planner_splits_deep_levels_on_large_planes():
             (Problem(8, 64, 512, 512, 5, 5, 1, "float32", True), Tuning(split=5)),
     ]:
         assert plan_split(problem, LIMIT, tuning) is None, (problem, tuning)
+
+
+@pytest.mark.parametrize("storage", ["float32", "bfloat16"])
+@pytest.mark.parametrize("shape", [(8, 32, 128, 128), (8, 128, 256, 256), (8, 64, 512, 512),
+                                   (7, 64, 512, 512)])
+def test_split_backward_chunks_keep_its_buffers_within_the_budget(shape, storage):
+    """A split backward whose whole batch would hold more than
+    SPLIT_BACKWARD_BUFFER_FRACTION of x's bytes runs in the fewest batch chunks, as even
+    as they go, that hold no more (the paper grid's L 5: two chunks in fp32; in 16 bits,
+    whose x has half the bytes, three or four); each chunk's plan is the split of its
+    entries."""
+    from wtconv_cuda.kernels.launch import (ITEMSIZE, SPLIT_BACKWARD_BUFFER_FRACTION,
+                                            split_batch_chunks, split_live_floats)
+    slots = 264
+    problem = Problem(*shape, 5, 5, 1, storage, True)
+    budget = SPLIT_BACKWARD_BUFFER_FRACTION * np.prod(shape) * ITEMSIZE[storage]
+    split = plan_split(problem, LIMIT, backward=True)
+    assert 4 * split_live_floats(split, (), LIMIT, slots) > budget
+    chunks = split_batch_chunks(problem, LIMIT, slots)
+    assert 4 * split_live_floats(split, chunks, LIMIT, slots) <= budget
+    size = chunks[0].coarse.batch
+    assert [plan.coarse.batch for plan in chunks] == [size] * (shape[0] // size) + (
+        [shape[0] % size] if shape[0] % size else [])
+    fewer = -(-shape[0] // (len(chunks) - 1))  # one chunk fewer, as even as they go
+    larger = split_batch_chunks(problem, LIMIT, slots, Tuning(split_batch=fewer))
+    assert 4 * split_live_floats(split, larger, LIMIT, slots) > budget
+    if storage == "float32" and shape[0] == 8:
+        assert size == 4
+    for plan in chunks:
+        assert plan == launch._split_plan(
+            problem._replace(batch=plan.coarse.batch), 2,
+            split.tiles._replace(grid=plan.tiles.grid, finalize_dims=None), LIMIT, True)
+        assert plan.tiles.grid == plan.coarse.batch * shape[1] * split.tiles.ntiles
+
+
+def test_split_backward_runs_whole_where_it_cannot_or_need_not_chunk():
+    """No chunks: one batch entry, a batch forced whole, a forward, no split."""
+    from wtconv_cuda.kernels.launch import split_batch_chunks
+    deep = Problem(1, 64, 512, 512, 5, 5, 1, "float32", True)
+    assert plan_split(deep, LIMIT, backward=True) is not None
+    assert split_batch_chunks(deep, LIMIT, 264) == ()
+    deep = deep._replace(batch=8)
+    assert split_batch_chunks(deep, LIMIT, 264, Tuning(split_batch=8)) == ()
+    assert split_batch_chunks(deep, LIMIT, 264, Tuning(split_batch=64)) == ()
+    assert len(split_batch_chunks(deep, LIMIT, 264, Tuning(split_batch=3))) == 3
+    assert split_batch_chunks(deep, LIMIT, 264, Tuning(split=0)) == ()
+    assert PartialSumSpec() not in planned_specs(deep, False, LIMIT, 264)
+    assert PartialSumSpec() in planned_specs(deep, True, LIMIT, 264)
 
 
 def test_planner_splits_three_levels_on_large_planes_within_the_buffer_budget():
@@ -225,10 +302,20 @@ def test_planned_specs_of_a_split_pass():
     assert specs[0] == plan.coarse_in and specs[-1] == plan.tiles.spec
     assert specs[1:-1] == planned_specs(plan.coarse, False, LIMIT, 264)
     back = plan_split(problem, LIMIT, backward=True)
-    specs = planned_specs(problem, True, LIMIT, 264)
+    whole = Tuning(split_batch=8)
+    specs = planned_specs(problem, True, LIMIT, 264, whole)
     assert specs[0] == back.coarse_in and specs[-3:] == [
         back.tiles.spec, FinalizeSpec(5, "float32", 128), back.coarse_out]
     assert specs[1:-3] == planned_specs(back.coarse, True, LIMIT, 264)
+    # in batch chunks (the default here: two of four entries, and with three an uneven
+    # last one), each chunk size's coarse specs, then the chunks' partial sums
+    for tuning, sizes in [(Tuning(), [4]), (Tuning(split_batch=3), [3, 2])]:
+        specs = planned_specs(problem, True, LIMIT, 264, tuning)
+        assert specs[0] == back.coarse_in and specs[-4:] == [
+            back.tiles.spec, PartialSumSpec(), FinalizeSpec(5, "float32", 128),
+            back.coarse_out]
+        assert specs[1:-4] == [s for n in sizes for s in planned_specs(
+            back.coarse._replace(batch=n), True, LIMIT, 264)]
 
 
 @pytest.mark.usefixtures("without_lane_rule")  # (it takes the 14 x 14 forward)
@@ -242,9 +329,10 @@ def test_split_forward_pools_in_place_when_the_coarse_pass_runs_on_registers():
         assert plan.in_place and plan_registers(plan.coarse, LIMIT) is not None
         assert work_buffers(problem, False, LIMIT, 264, SPLIT) == (plan.layout.floats,)
         assert plan.layout.floats < plan.layout.plane + plan.layout.pooled_floats
-        back = plan_split(problem, LIMIT, Tuning(split=plan.split), backward=True)
+        whole = Tuning(split=plan.split, split_batch=problem.batch)
+        back = plan_split(problem, LIMIT, whole, backward=True)
         assert not back.in_place
-        assert work_buffers(problem, True, LIMIT, 264, Tuning(split=plan.split))[:2] == (
+        assert work_buffers(problem, True, LIMIT, 264, whole)[:2] == (
             back.layout.pooled_floats, back.layout.floats)
     big = Problem(8, 64, 512, 512, 5, 5, 1, "float32", True)
     plan = plan_split(big, LIMIT)

@@ -137,7 +137,8 @@ CASES = [
     ((64, 192, 28, 28), 4, 1, "bfloat16", Tuning()),  # split in place; dx split
     ((64, 384, 14, 14), 3, 1, "float32", Tuning()),  # split; dx without a split
     ((128, 384, 14, 14), 3, 1, "float32", Tuning()),  # dx in two split chunks
-    ((8, 32, 512, 512), 5, 1, "float32", Tuning()),  # split tiles, coarse backward
+    ((8, 32, 512, 512), 5, 1, "float32", Tuning()),  # split tiles; backward in 2 chunks
+    ((8, 16, 256, 256), 5, 1, "bfloat16", Tuning()),  # split backward in chunks 3, 3, 2
     ((5, 3, 33, 31), 2, 1, "float32", Tuning(dx_forward=True, dx_batch=2)),
     # the lane kernels: weight gradients (dx on the default forward), both forwards
     ((64, 384, 14, 14), 3, 1, "bfloat16", Tuning(lanes=2)),

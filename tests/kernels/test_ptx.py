@@ -28,7 +28,7 @@ pytest.importorskip("numba.cuda")
 
 SPECS = textwrap.dedent("""
     from wtconv_cuda.kernels.codegen import FinalizeSpec, PlaneSpec
-    from wtconv_cuda.kernels.coarse import CoarseOutSpec, CoarseSpec
+    from wtconv_cuda.kernels.coarse import CoarseOutSpec, CoarseSpec, PartialSumSpec
     from wtconv_cuda.kernels.flip import FlipSpec
     from wtconv_cuda.kernels.lanes import LaneForwardSpec, LaneSpec
     from wtconv_cuda.kernels.registers import RegisterSpec
@@ -61,6 +61,7 @@ SPECS = textwrap.dedent("""
               CoarseSpec("float16", 1, height=11, width=10),
               TileSpec(3, "float16", 1, 32, 128, 2, 128, backward=True, coarse=True)]
     specs += [CoarseOutSpec(storage) for storage in ("float32", "float16", "bfloat16")]
+    specs += [PartialSumSpec()]  # a split backward's batch chunks: their partials' sums
     # The tiles of two ConvNeXt-T stages, plane size compile-time: the 28 x 28 split
     # (32-pixel tiles of 32 threads, fed by the pre-pass), the 56 x 56 inner levels.
     specs += [TileSpec(5, "float32", 2, 32, 32, 4, 128, coarse=True, height=28, width=28),

@@ -48,7 +48,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .codegen import STORAGE, _Emitter, _guarded_load, _load, _store
+from .codegen import (
+    FINALIZE_UNROLL, STORAGE, _Emitter, _emit_ordered_sum, _guarded_load, _load, _store,
+)
 
 #: Threads per block of ``wtconv_coarse_in``.
 COARSE_THREADS = 256
@@ -256,12 +258,14 @@ class CoarseOutSpec(NamedTuple):
 def coarse_out_source(spec: CoarseOutSpec) -> str:
     """Python source of ``wtconv_coarse_out`` for ``spec``.
 
-    Arguments: ``(grads, gww, gws, nweight, nscale, wstart, sstart)``: a
-    float32 pointer to the coarse problem's level gradients (``nweight``
-    weight values, then ``nscale`` scale values), pointers to the storage
-    type for the caller's ``(L, C, 4, K, K)`` and ``(L, C, 4)`` gradients,
-    then int64 scalars. Writes ``gww[wstart + i]`` and ``gws[sstart + i]``,
-    each rounded once.
+    Arguments: ``(grads, gww, gws, nweight, nscale, wstart, sstart, copies,
+    stride)``: a float32 pointer to the coarse problem's level gradients
+    (``nweight`` weight values, then ``nscale`` scale values; ``copies`` such
+    sets ``stride`` elements apart, one per batch chunk of the backward),
+    pointers to the storage type for the caller's ``(L, C, 4, K, K)`` and
+    ``(L, C, 4)`` gradients, then int64 scalars. Writes ``gww[wstart + i]``
+    and ``gws[sstart + i]``: the copies' float32 sum, in chunk order, rounded
+    once (one copy: the value itself).
 
     Parameters
     ----------
@@ -283,16 +287,73 @@ def coarse_out_source(spec: CoarseOutSpec) -> str:
     if spec.threads < 32 or spec.threads % 32:
         raise ValueError(f"threads must be a positive multiple of 32, got {spec.threads}")
     e = _Emitter()
-    e("def wtconv_coarse_out(grads, gww, gws, nweight, nscale, wstart, sstart):")
+    e("def wtconv_coarse_out(grads, gww, gws, nweight, nscale, wstart, sstart, copies, "
+      "stride):")
     with e.indent():
         e("for i in range(int64(cuda.grid(1)), nweight + nscale, int64(cuda.gridsize(1))):")
         with e.indent():
-            e("if i < nweight:")
+            e("total = grads[i]",
+              "for k in range(1, copies):",
+              "    total += grads[k * stride + i]",
+              "if i < nweight:")
             with e.indent():
-                _store(e, spec.storage, "gww[wstart + i]", "grads[i]")
+                _store(e, spec.storage, "gww[wstart + i]", "total")
             e("else:")
             with e.indent():
-                _store(e, spec.storage, "gws[sstart + i - nweight]", "grads[i]")
+                _store(e, spec.storage, "gws[sstart + i - nweight]", "total")
+    return e.text()
+
+
+class PartialSumSpec(NamedTuple):
+    """Compile-time parameters of ``wtconv_partial_sum`` (one variant serves every
+    kernel size and storage type: it adds float32 partials).
+
+    Attributes
+    ----------
+    threads : int
+        Threads per block (one block per channel).
+    """
+
+    threads: int = 128
+
+
+def partial_sum_source(spec: PartialSumSpec) -> str:
+    """Python source of ``wtconv_partial_sum`` for ``spec``.
+
+    Arguments: ``(part, sums, ntaps, count, slot, slots)``: float32 pointers,
+    then int64 scalars. Block ``c`` (one per channel) adds a batch chunk's
+    partials, ``part[(c * count + u) * ntaps + t]`` for ``u < count``, in
+    ``u`` order (as ``wtconv_finalize`` adds them, bit for bit), into
+    ``sums[(c * slots + slot) * ntaps + t]``: the layout ``wtconv_finalize``
+    reads with ``slots`` partials per channel, one per chunk.
+
+    Parameters
+    ----------
+    spec : PartialSumSpec
+        The variant.
+
+    Returns
+    -------
+    str
+        Source of ``wtconv_partial_sum`` for :func:`wtconv_cuda.kernels.codegen.build`.
+
+    Raises
+    ------
+    ValueError
+        Threads not a positive multiple of 32.
+    """
+    if spec.threads < 32 or spec.threads % 32:
+        raise ValueError(f"threads must be a positive multiple of 32, got {spec.threads}")
+    e = _Emitter()
+    e("def wtconv_partial_sum(part, sums, ntaps, count, slot, slots):")
+    with e.indent():
+        e("c = int64(cuda.blockIdx.x)",
+          f"for t in range(int64(cuda.threadIdx.x), ntaps, {spec.threads}):")
+        with e.indent():
+            e("tot = float32(0.0)")
+            _emit_ordered_sum(e, "tot", "part", "c * count * ntaps + t", "ntaps", "count",
+                              FINALIZE_UNROLL)
+            e("sums[(c * slots + slot) * ntaps + t] = tot")
     return e.text()
 
 

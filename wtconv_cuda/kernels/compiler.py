@@ -200,11 +200,23 @@ def coarse_out_signature(storage: str) -> tuple:
     -------
     tuple of numba types
         A float32 pointer for ``grads``, pointers to the storage type for
-        ``gww`` and ``gws``, then four int64 scalars.
+        ``gww`` and ``gws``, then six int64 scalars.
     """
     from numba import types
     st = types.CPointer(_storage_type(storage))
-    return (types.CPointer(types.float32), st, st) + (types.int64,) * 4
+    return (types.CPointer(types.float32), st, st) + (types.int64,) * 6
+
+
+def partial_sum_signature() -> tuple:
+    """Argument types of ``wtconv_partial_sum`` (see :mod:`wtconv_cuda.kernels.coarse`).
+
+    Returns
+    -------
+    tuple of numba types
+        Two float32 pointers (``part``, ``sums``), then four int64 scalars.
+    """
+    from numba import types
+    return (types.CPointer(types.float32),) * 2 + (types.int64,) * 4
 
 
 def register_signature(storage: str, backward: bool = False) -> tuple:
@@ -306,13 +318,13 @@ def spec_from_repr(text: str):
 
     Returns
     -------
-    PlaneSpec, FinalizeSpec, TileSpec, CoarseSpec, CoarseOutSpec, RegisterSpec, FlipSpec,
-    LaneSpec or LaneForwardSpec
+    PlaneSpec, FinalizeSpec, TileSpec, CoarseSpec, CoarseOutSpec, PartialSumSpec,
+    RegisterSpec, FlipSpec, LaneSpec or LaneForwardSpec
     """
     names = {cls.__name__: cls for cls in (
         codegen.PlaneSpec, codegen.FinalizeSpec, tiles.TileSpec, coarse.CoarseSpec,
-        coarse.CoarseOutSpec, registers.RegisterSpec, flip.FlipSpec, lanes.LaneSpec,
-        lanes.LaneForwardSpec)}
+        coarse.CoarseOutSpec, coarse.PartialSumSpec, registers.RegisterSpec, flip.FlipSpec,
+        lanes.LaneSpec, lanes.LaneForwardSpec)}
     return eval(text, {"__builtins__": {}}, names)
 
 
@@ -333,6 +345,9 @@ def _source_for(spec) -> tuple[str, str, tuple]:
     if isinstance(spec, coarse.CoarseOutSpec):
         return (coarse.coarse_out_source(spec), "wtconv_coarse_out",
                 coarse_out_signature(spec.storage))
+    if isinstance(spec, coarse.PartialSumSpec):
+        return (coarse.partial_sum_source(spec), "wtconv_partial_sum",
+                partial_sum_signature())
     if isinstance(spec, coarse.CoarseSpec):
         return (coarse.coarse_in_source(spec), "wtconv_coarse_in",
                 coarse_in_signature(spec.storage, spec.pooled))

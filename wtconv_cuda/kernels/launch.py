@@ -21,7 +21,9 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from . import compiler
-from .coarse import COARSE_THREADS, CoarseLayout, CoarseOutSpec, CoarseSpec, coarse_layout
+from .coarse import (
+    COARSE_THREADS, CoarseLayout, CoarseOutSpec, CoarseSpec, PartialSumSpec, coarse_layout,
+)
 from .codegen import FinalizeSpec, PlaneSpec
 from .flip import FLIP_THREADS, FlipSpec
 from .lanes import THREADS as LANE_THREADS, LaneForwardSpec, LaneSpec
@@ -204,6 +206,11 @@ class Tuning(NamedTuple):
         A ``weights_only`` plane backward correlates on register blocks
         (``PlaneSpec.blocked``, :mod:`wtconv_cuda.kernels.weight_blocks`)
         where its plan exists for the plane; None: `BLOCKED_WEIGHTS`.
+    split_batch : int or None
+        Backward of a split pass (:func:`plan_split`): batch entries per
+        chunk of its coarse pre-pass, coarse problem and tiles (clipped to
+        ``B``; the last chunk takes the rest). None lets
+        :func:`split_batch_chunks` choose.
     """
 
     threads: int | None = None
@@ -225,6 +232,7 @@ class Tuning(NamedTuple):
     lane_groups: int | None = None
     tile_planes: int | None = None
     blocked_weights: bool | None = None
+    split_batch: int | None = None
 
 
 #: Whether a ``weights_only`` plane backward takes the register-blocked correlations
@@ -658,6 +666,15 @@ SPLIT_SHALLOW_MIN_READ = 2.0
 #: alternative, holds the same and peaks at 1.097 times depthwise 7x7's training
 #: memory on these planes in fp32 and 1.19 in bf16).
 SPLIT_SHALLOW_BUFFER_FRACTION = 1 / 3
+#: Most float32 work-buffer bytes, as a fraction of the bytes of ``x``, that a
+#: split backward holds at once by default: where the whole batch's pooled
+#: arrays, coarse buffer and partials would take more, the pre-pass, coarse
+#: problem and tiles run in batch chunks (:func:`split_batch_chunks`). The
+#: budget of `DX_FORWARD_BUFFER_FRACTION`: depthwise 7x7's training step peaks at
+#: 2 ``x`` above the inputs, and the L 5 split's whole-batch buffers (0.19 of an
+#: fp32 ``x``, 0.39 of a 16-bit one) took ours to 1.097-1.134 times that in fp32
+#: and 1.19-1.26 in 16 bits on the paper grid (``results/h100-2026-12-06c/``).
+SPLIT_BACKWARD_BUFFER_FRACTION = 1 / 6
 
 
 class SmallTileSplit(NamedTuple):
@@ -1435,7 +1452,23 @@ def plan_split(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
         if small is None:
             return None
         c, fine = small
-    fine = fine._replace(spec=fine.spec._replace(coarse=True))
+    split = _split_plan(p, c, fine._replace(spec=fine.spec._replace(coarse=True)),
+                        shared_limit, backward)
+    if shallow:  # whole tiles would do: split only within the buffer budget
+        # live at once: the coarse buffer beside the pooled arrays, and backward
+        # beside the tiles' partials (requested after the pooled arrays' release)
+        lay = split.layout
+        floats = lay.floats + max(0 if split.in_place else lay.pooled_floats,
+                                  split.tiles.partial_floats if backward else 0)
+        if 4 * floats > SPLIT_SHALLOW_BUFFER_FRACTION * _x_bytes(p):
+            return None
+    return split
+
+
+def _split_plan(p: Problem, c: int, fine: TileLaunch, shared_limit: int,
+                backward: bool) -> SplitPlan:
+    """The plan of ``p`` split at ``c`` with the fine levels on ``fine`` (its spec
+    ``coarse``): the coarse problem, the pre-pass's layout, variant and scalars."""
     coarse = Problem(p.batch, p.channels, -(-p.height >> c), -(-p.width >> c), p.kernel_size,
                      p.levels - c, 1, "float32", False)
     layout = coarse_layout(p.batch, p.channels, coarse.height, coarse.width, p.kernel_size,
@@ -1451,14 +1484,108 @@ def plan_split(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
                       layout.wavelet_weight - layout.base_weight, coarse.levels * C * 4 * K2,
                       coarse.levels * C * 4, c * C * 4 * K2, c * C * 4)
     in_place = not backward and plan_registers(coarse, shared_limit) is not None
-    if shallow:  # whole tiles would do: split only within the buffer budget
-        # live at once: the coarse buffer beside the pooled arrays, and backward
-        # beside the tiles' partials (requested after the pooled arrays' release)
-        floats = layout.floats + max(0 if in_place else layout.pooled_floats,
-                                     fine.partial_floats if backward else 0)
-        if 4 * floats > SPLIT_SHALLOW_BUFFER_FRACTION * _x_bytes(p):
-            return None
     return SplitPlan(c, spec, grid, layout, coarse, fine, out, scalars, in_place)
+
+
+def split_live_floats(split: SplitPlan, chunks: tuple, shared_limit: int,
+                      max_slots: int) -> int:
+    """float32 elements of work buffers a split backward holds at once, at most.
+
+    Parameters
+    ----------
+    split : SplitPlan
+        The backward's plan (:func:`plan_split`).
+    chunks : tuple of SplitPlan
+        Its batch chunks (:func:`split_batch_chunks`), or empty.
+    shared_limit, max_slots : int
+        The backend's limits, which plan the coarse problem.
+
+    Returns
+    -------
+    int
+        The coarse buffer beside the pooled pair and the coarse problem's
+        buffers, or beside the tiles' partials (requested after the pooled
+        pair's release); in batch chunks, the largest chunk's, beside the
+        chunks' partial sums and coarse gradients.
+    """
+    def one(plan):
+        coarse = sum(work_buffers(plan.coarse, True, shared_limit, max_slots))
+        return plan.layout.floats + max(plan.layout.pooled_floats + coarse,
+                                        plan.tiles.partial_floats)
+
+    if not chunks:
+        return one(split)
+    return (len(chunks) * _chunk_sum_floats(split)
+            + max(one(plan) for plan in dict.fromkeys(chunks)))
+
+
+def _chunk_sum_floats(split: SplitPlan) -> int:
+    """float32 elements one batch chunk of a split backward keeps to the end: its
+    partials' sums per channel and tap, and its coarse problem's gradients (laid out as
+    from ``layout.grads`` in the coarse buffer)."""
+    return (split.coarse.channels * split.tiles.ntaps
+            + split.layout.floats - split.layout.grads)
+
+
+@lru_cache(maxsize=1024)
+def split_batch_chunks(problem: Problem, shared_limit: int, max_slots: int,
+                       tuning: Tuning = Tuning()) -> tuple:
+    """The batch chunks a split backward runs in, or none.
+
+    A split backward's pooled pair, coarse buffer and per-tile partials grow
+    with the batch: on the paper grid's L 5 they hold 0.19-0.21 of an fp32
+    ``x``'s bytes at once, 0.39-0.41 of a 16-bit one's (the partials alone
+    0.055 of ``x``'s elements at K 5: 226 sums per 64 x 64 tile). Where that
+    passes `SPLIT_BACKWARD_BUFFER_FRACTION`, the pre-pass, the coarse problem's
+    backward and the tiles run chunk by chunk, each chunk's buffers released
+    before the next one's are requested; ``wtconv_partial_sum`` adds each
+    chunk's partials per channel into one of the chunks' sums (in the order
+    ``wtconv_finalize`` adds them whole), and after the last chunk one
+    ``wtconv_finalize`` adds those and ``wtconv_coarse_out`` the chunks'
+    coarse gradients. The fewest chunks that fit are taken, ``ceil(B / n)``
+    entries each but the last (else chunks of one entry).
+
+    Parameters
+    ----------
+    problem : Problem
+        The layer call.
+    shared_limit, max_slots : int
+        The backend's limits.
+    tuning : Tuning, optional
+        ``split_batch`` forces the chunk size; the rest plans the split.
+
+    Returns
+    -------
+    tuple of SplitPlan
+        Each chunk's plan in batch order (``coarse.batch`` entries; its
+        ``tiles.grid`` the chunk's blocks, its ``tiles.finalize_dims`` None).
+        Empty where the backward does not split or runs the batch whole.
+    """
+    split = plan_split(problem, shared_limit, tuning, True)
+    if split is None:
+        return ()
+    B = problem.batch
+
+    def chunks(size):
+        counts = [size] * (B // size) + ([B % size] if B % size else [])
+        if len(counts) == 1:
+            return ()
+        fine, plans = split.tiles, {}
+        for n in dict.fromkeys(counts):
+            plans[n] = _split_plan(problem._replace(batch=n), split.split,
+                                   fine._replace(grid=n * problem.channels * fine.ntiles,
+                                                 finalize_dims=None),
+                                   shared_limit, True)
+        return tuple(plans[n] for n in counts)
+
+    if tuning.split_batch is not None:
+        return chunks(min(max(tuning.split_batch, 1), B))
+    budget = SPLIT_BACKWARD_BUFFER_FRACTION * _x_bytes(problem)
+    for size in sorted({-(-B // n) for n in range(1, B + 1)}, reverse=True):
+        plan = chunks(size)
+        if 4 * split_live_floats(split, plan, shared_limit, max_slots) <= budget:
+            return plan
+    return chunks(1)
 
 
 def _small_plane_tiles(p: Problem, shared_limit: int, tuning: Tuning, backward: bool,
@@ -1776,7 +1903,9 @@ def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots:
         asks for the partials first); a split pass
         (:func:`plan_split`) asks for its two coarse work buffers first (pooled arrays, then the rest),
         then for the coarse problem's buffers (and, backward, then for the
-        tiles' partials).
+        tiles' partials); a split backward in batch chunks
+        (:func:`split_batch_chunks`) first for the chunks' partial sums and
+        coarse gradients, then for each chunk's buffers as above.
     """
     if plan_registers(problem, shared_limit, tuning, backward) is not None:
         return ()
@@ -1784,10 +1913,16 @@ def work_buffers(problem: Problem, backward: bool, shared_limit: int, max_slots:
         return ()
     split = plan_split(problem, shared_limit, tuning, backward)
     if split is not None:
-        pooled = () if split.in_place else (split.layout.pooled_floats,)
-        sizes = pooled + (split.layout.floats,) + work_buffers(
-            split.coarse, backward, shared_limit, max_slots)
-        return sizes + (split.tiles.partial_floats,) if backward else sizes
+        chunks = (split_batch_chunks(problem, shared_limit, max_slots, tuning) if backward
+                  else ())
+        sizes = (len(chunks) * _chunk_sum_floats(split),) if chunks else ()
+        for plan in chunks or (split,):
+            pooled = () if plan.in_place else (plan.layout.pooled_floats,)
+            sizes += pooled + (plan.layout.floats,) + work_buffers(
+                plan.coarse, backward, shared_limit, max_slots)
+            if backward:
+                sizes += (plan.tiles.partial_floats,)
+        return sizes
     tiled = plan_tiles(problem, shared_limit, tuning, backward)
     if tiled is not None:
         return (tiled.partial_floats,) if backward else ()
@@ -1839,13 +1974,15 @@ def planned_specs(problem: Problem, backward: bool, shared_limit: int, max_slots
 
     Returns
     -------
-    list of CoarseSpec, TileSpec, PlaneSpec, FinalizeSpec, CoarseOutSpec and FlipSpec
-        A ``weights_only`` plane backward lists ``wtconv_flip`` and the
+    list of kernel specs
+        `CoarseSpec`, `TileSpec`, `PlaneSpec`, `FinalizeSpec`, `CoarseOutSpec`,
+        `PartialSumSpec` and `FlipSpec` values. A ``weights_only`` plane backward lists ``wtconv_flip`` and the
         forward's specs first (they compute ``dx``; those of each batch size
         its chunks take, see :func:`dx_forward_plan`). A split pass lists
         ``wtconv_coarse_in``, the coarse problem's specs (planned with the
-        default tuning), then the tiles (backward: then
-        the finalize and ``wtconv_coarse_out``).
+        default tuning; in batch chunks, for each chunk size), then the tiles
+        (backward: then ``wtconv_partial_sum`` in batch chunks, the finalize
+        and ``wtconv_coarse_out``).
     """
     registers = plan_registers(problem, shared_limit, tuning, backward)
     if registers is not None:
@@ -1856,8 +1993,13 @@ def planned_specs(problem: Problem, backward: bool, shared_limit: int, max_slots
     finalize = FinalizeSpec(problem.kernel_size, problem.storage, FINALIZE_THREADS)
     split = plan_split(problem, shared_limit, tuning, backward)
     if split is not None:
-        specs = ([split.coarse_in] + planned_specs(split.coarse, backward, shared_limit,
-                                                   max_slots) + [split.tiles.spec])
+        chunks = (split_batch_chunks(problem, shared_limit, max_slots, tuning) if backward
+                  else ())
+        coarse = [s for q in dict.fromkeys(plan.coarse for plan in chunks or (split,))
+                  for s in planned_specs(q, backward, shared_limit, max_slots)]
+        specs = [split.coarse_in] + coarse + [split.tiles.spec]
+        if chunks:
+            specs.append(PartialSumSpec(FINALIZE_THREADS))
         return specs + [finalize, split.coarse_out] if backward else specs
     tiled = plan_tiles(problem, shared_limit, tuning, backward)
     if tiled is not None:
@@ -1949,18 +2091,20 @@ def _launch_registers(backend, launch: RegisterLaunch, arrays: tuple) -> None:
 
 
 def _coarse_weights(backend, buf, lay: CoarseLayout, problem: Problem, levels: int,
-                    start: int) -> Weights:
+                    start: int, shift: int = 0) -> Weights:
     """Views of the coarse problem's float32 parameters (or, from ``start`` = ``lay.grads``,
-    their gradients) in the split's work buffer ``buf``."""
+    their gradients) in the split's work buffer ``buf``; gradients ``shift`` elements
+    further on in ``buf`` (another buffer laid out alike)."""
     C, K2 = problem.channels, problem.kernel_size ** 2
-    w0 = backend.view(buf, start, C * K2)
     if start == lay.base_weight:  # parameters: no bias, the zero scale stands in
         bias = scale = backend.view(buf, lay.base_scale, C)
         ww = lay.wavelet_weight
     else:  # gradients: weight, bias (never written), scale, levels
+        start += shift
         bias = backend.view(buf, start + C * K2, C)
         scale = backend.view(buf, start + C * K2 + C, C)
-        ww = lay.grad_levels
+        ww = lay.grad_levels + shift
+    w0 = backend.view(buf, start, C * K2)
     return Weights(w0, bias, scale, backend.view(buf, ww, levels * C * 4 * K2),
                    backend.view(buf, ww + levels * C * 4 * K2, levels * C * 4))
 
@@ -2012,17 +2156,69 @@ def _run_forward_split(backend, problem: Problem, x, y, weights: Weights,
 
 
 def _run_backward_split(backend, problem: Problem, x, dy, dx, weights: Weights,
-                        grads: Weights, split: SplitPlan) -> None:
+                        grads: Weights, split: SplitPlan, chunks: tuple) -> None:
     """The backward of a split pass: pool ``x`` and ``dy``, the coarse levels' backward,
     the fine levels on tiles, their finalize, then the coarse levels' gradients. The
-    pooled arrays are released before the tiles' partials are allocated."""
+    pooled arrays are released before the tiles' partials are allocated. In batch
+    chunks (``chunks``, :func:`split_batch_chunks`) each chunk runs the first three
+    steps on its entries, its partials summed per channel into a buffer kept to the
+    end beside its coarse gradients, and its buffers released before the next
+    chunk's."""
+    C = problem.channels
+    if not chunks:
+        keep = _run_split_chunk(backend, problem, x, dy, dx, weights, split, None)
+        _run_finalize(backend, problem, keep[1], weights, grads, split.tiles.finalize_dims,
+                      split.tiles.ntaps)
+        levels = backend.view(keep[0], split.layout.grad_levels, _coarse_level_floats(split))
+        _run_coarse_out(backend, problem, split, levels, grads, 1, 0)
+        return
+    ntaps, per_chunk = split.tiles.ntaps, _chunk_sum_floats(split)
+    slots = len(chunks)
+    sums = backend.float32(slots * per_chunk)  # [partial sums: C x slots x ntaps | gradients]
+    gradients = slots * C * ntaps  # chunk k's coarse gradients from gradients + k * gsize
+    gsize = per_chunk - C * ntaps
+    entry = C * problem.height * problem.width  # elements per batch entry
+    start = 0
+    for slot, plan in enumerate(chunks):
+        count = plan.coarse.batch
+        views = [backend.entries(a, start * entry, count * entry, problem.storage)
+                 for a in (x, dy, dx)]
+        keep, partial = _run_split_chunk(backend, problem._replace(batch=count), *views,
+                                         weights, plan, (sums, gradients + slot * gsize))
+        backend.call(backend.kernel(PartialSumSpec(FINALIZE_THREADS)), C, FINALIZE_THREADS,
+                     (partial, backend.view(sums, 0, gradients),
+                      *_int64s(ntaps, count * plan.tiles.ntiles, slot, slots)), 0)
+        backend.release(partial)
+        backend.release(keep)
+        start += count
+    dims = np.array([problem.batch, C, split.split, int(problem.has_bias), slots], dtype=np.int64)
+    _run_finalize(backend, problem, backend.view(sums, 0, gradients), weights, grads, dims,
+                  ntaps)
+    level_start = split.layout.grad_levels - split.layout.grads
+    _run_coarse_out(backend, problem, split,
+                    backend.view(sums, gradients + level_start,
+                                 (slots - 1) * gsize + _coarse_level_floats(split)),
+                    grads, slots, gsize)
+    backend.release(sums)
+
+
+def _run_split_chunk(backend, problem: Problem, x, dy, dx, weights: Weights,
+                     split: SplitPlan, gradients) -> tuple:
+    """A split backward's first steps on ``problem``'s batch (a chunk's views of the
+    layer arrays): ``wtconv_coarse_in``, the coarse problem's backward (its gradients
+    into the coarse buffer, or at ``gradients = (buffer, offset)``), then the tiles,
+    whose partials it returns beside the coarse buffer: ``(keep, partial)``."""
     lay, q, tiled = split.layout, split.coarse, split.tiles
     pool, keep = _run_coarse_in(backend, problem, split, (x, dy), weights)
     out = backend.view(keep, lay.out, lay.plane)
+    coarse_grads = (_coarse_weights(backend, keep, lay, problem, q.levels, lay.grads)
+                    if gradients is None else
+                    _coarse_weights(backend, gradients[0], lay, problem, q.levels, lay.grads,
+                                    gradients[1] - lay.grads))
     run_backward(backend, q, backend.view(pool, lay.pooled[0], lay.plane),
                  backend.view(pool, lay.pooled[1], lay.plane), out,
                  _coarse_weights(backend, keep, lay, problem, q.levels, lay.base_weight),
-                 _coarse_weights(backend, keep, lay, problem, q.levels, lay.grads))
+                 coarse_grads)
     backend.release(pool)
     del pool
     partial = backend.float32(tiled.partial_floats)
@@ -2031,13 +2227,25 @@ def _run_backward_split(backend, problem: Problem, x, dy, dx, weights: Weights,
                      tiled.tiles_x, tiled.ntiles, problem.batch),
             out, *_int64s(q.height, q.width))
     backend.call(backend.kernel(tiled.spec), tiled.grid, tiled.block, args, tiled.shared_bytes)
-    _run_finalize(backend, problem, partial, weights, grads, tiled.finalize_dims, tiled.ntaps)
+    return keep, partial
+
+
+def _coarse_level_floats(split: SplitPlan) -> int:
+    """The coarse levels' weight and scale gradients: elements from ``layout.grad_levels``."""
+    C, K2, levels = split.coarse.channels, split.coarse.kernel_size ** 2, split.coarse.levels
+    return levels * C * 4 * K2 + levels * C * 4
+
+
+def _run_coarse_out(backend, problem: Problem, split: SplitPlan, levels, grads: Weights,
+                    copies: int, stride: int) -> None:
+    """``wtconv_coarse_out``: the coarse levels' gradients (``copies`` sets in
+    ``levels``, ``stride`` apart, added) into the levels above the split of ``grads``."""
     C, K2, c = problem.channels, problem.kernel_size ** 2, split.split
-    nweight, nscale = q.levels * C * 4 * K2, q.levels * C * 4
+    nweight, nscale = split.coarse.levels * C * 4 * K2, split.coarse.levels * C * 4
     backend.call(backend.kernel(split.coarse_out), -(-(nweight + nscale) // COARSE_THREADS),
                  COARSE_THREADS,
-                 (backend.view(keep, lay.grad_levels, nweight + nscale), grads.wavelet_weight,
-                  grads.wavelet_scale, *_int64s(nweight, nscale, c * C * 4 * K2, c * C * 4)), 0)
+                 (levels, grads.wavelet_weight, grads.wavelet_scale,
+                  *_int64s(nweight, nscale, c * C * 4 * K2, c * C * 4, copies, stride)), 0)
 
 
 def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: Weights,
@@ -2093,7 +2301,9 @@ def run_backward(backend, problem: Problem, x, dy, dx, weights: Weights, grads: 
         return
     split = plan_split(problem, backend.shared_limit, tuning, True)
     if split is not None:
-        _run_backward_split(backend, problem, x, dy, dx, weights, grads, split)
+        _run_backward_split(backend, problem, x, dy, dx, weights, grads, split,
+                            split_batch_chunks(problem, backend.shared_limit,
+                                               backend.max_slots, tuning))
         return
     tiled = plan_tiles(problem, backend.shared_limit, tuning, True)
     if tiled is not None:
