@@ -289,15 +289,14 @@ def test_tile_planes_match_one_plane_a_block(planes, storage):
 @pytest.mark.parametrize("storage", list(DTYPES))
 @pytest.mark.parametrize("shape,levels,k,tile,split,backward_splits", [
     ((2, 4, 257, 300), 5, 5, 64, 2, DTYPES),
-    ((2, 4, 257, 300), 3, 5, 64, 2, ("float32",)),  # whole tiles would take it
-    ((2, 4, 257, 300), 4, 3, 64, 2, ("float32",)),  # likewise at K 3
+    ((2, 4, 257, 300), 3, 5, 64, 2, DTYPES),  # whole tiles would take it
+    ((2, 4, 257, 300), 4, 3, 64, 2, DTYPES),  # likewise at K 3
     ((32, 48, 28, 28), 4, 5, 32, 2, ()),
     ((64, 384, 14, 14), 3, 5, 16, 1, ())])
 def test_split_is_the_default_for_deep_levels(shape, levels, k, tile, split, backward_splits,
                                               storage):
-    """The planner's own split (large planes: both passes, where whole tiles would take
-    the pass the backward in fp32 only, in batch chunks of one entry; the 28 x 28 and
-    14 x 14 stages, one tile per plane: the forward)."""
+    """The planner's own split (large planes: both passes, the backward in batch chunks
+    of one entry; the 28 x 28 and 14 x 14 stages, one tile per plane: the forward)."""
     if k not in KERNEL_SIZES:
         pytest.skip(f"K = {k} runs in another GPU process")
     problem = Problem(*shape, k, levels, 1, storage, True)

@@ -661,10 +661,10 @@ SPLIT_SHALLOW_MIN_EDGE = 256
 #: ``results/h100-2026-12-06c/k3/``).
 SPLIT_SHALLOW_MIN_READ = 2.0
 #: See `SPLIT_SHALLOW_MIN_EDGE`: the work buffers a split at 2 holds at once take
-#: 0.125 (forward) and 0.19 (backward) of an fp32 ``x``'s bytes, 0.25 and 0.38 of a
-#: 16-bit one's, so 16-bit backwards stay whole (the L 5 split, which has no whole
-#: alternative, holds the same and peaks at 1.097 times depthwise 7x7's training
-#: memory on these planes in fp32 and 1.19 in bf16).
+#: 0.125 of an fp32 ``x``'s bytes forward, 0.25 of a 16-bit one's; backward, in batch
+#: chunks (`SPLIT_BACKWARD_BUFFER_FRACTION`), as little as their chunks of one entry
+#: hold (:func:`_least_split_floats`; a whole batch's 0.19 and 0.38 of ``x``), so
+#: only a backward of one batch entry in 16 bits stays whole.
 SPLIT_SHALLOW_BUFFER_FRACTION = 1 / 3
 #: Most float32 work-buffer bytes, as a fraction of the bytes of ``x``, that a
 #: split backward holds at once by default: where the whole batch's pooled
@@ -1455,14 +1455,26 @@ def plan_split(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
     split = _split_plan(p, c, fine._replace(spec=fine.spec._replace(coarse=True)),
                         shared_limit, backward)
     if shallow:  # whole tiles would do: split only within the buffer budget
-        # live at once: the coarse buffer beside the pooled arrays, and backward
-        # beside the tiles' partials (requested after the pooled arrays' release)
-        lay = split.layout
-        floats = lay.floats + max(0 if split.in_place else lay.pooled_floats,
-                                  split.tiles.partial_floats if backward else 0)
-        if 4 * floats > SPLIT_SHALLOW_BUFFER_FRACTION * _x_bytes(p):
+        if 4 * _least_split_floats(p, split, shared_limit) > (SPLIT_SHALLOW_BUFFER_FRACTION
+                                                              * _x_bytes(p)):
             return None
     return split
+
+
+def _least_split_floats(p: Problem, split: SplitPlan, shared_limit: int) -> int:
+    """float32 work-buffer elements ``split`` of ``p`` holds at once at the least, the
+    coarse problem's own aside: forward, the coarse buffer beside the pooled array;
+    backward, in batch chunks of one entry (:func:`split_batch_chunks`), one entry's
+    coarse buffer beside its pooled pair or its partials, and every entry's sums."""
+    if split.coarse_out is None:
+        return split.layout.floats + (0 if split.in_place else split.layout.pooled_floats)
+    one, sums = split, 0
+    if p.batch > 1:
+        one = _split_plan(p._replace(batch=1), split.split,
+                          split.tiles._replace(grid=p.channels * split.tiles.ntiles,
+                                               finalize_dims=None), shared_limit, True)
+        sums = p.batch * _chunk_sum_floats(split)
+    return one.layout.floats + max(one.layout.pooled_floats, one.tiles.partial_floats) + sums
 
 
 def _split_plan(p: Problem, c: int, fine: TileLaunch, shared_limit: int,
