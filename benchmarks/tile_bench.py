@@ -16,7 +16,9 @@ variant, passes split at those levels (coarse pre-pass, then the tiles; see
 :func:`wtconv_cuda.kernels.launch.plan_split`), named ``VARIANT/sC``; "auto"
 is the planner's own choice through ``run_forward`` / ``run_backward``, and
 ``--auto-splits`` adds the planner's own split at those levels (``auto/sC``,
-``Tuning(split=C)``: the tiles it would pick for ``C`` levels). ``--no-plane``
+``Tuning(split=C)``: the tiles it would pick for ``C`` levels); backward,
+``--split-batches`` adds its split backward in batch chunks of those sizes
+(``auto/bN``, ``Tuning(split_batch=N)``; ``N >= B`` runs the batch whole). ``--no-plane``
 skips the plane kernel (then the first run is the reference of the differences).
 
     python benchmarks/tile_bench.py --json tile_bench.json
@@ -24,6 +26,7 @@ skips the plane kernel (then the first run is the reference of the differences).
     python benchmarks/tile_bench.py --backward --levels 1 3 --variants 64:128:4:128
     python benchmarks/tile_bench.py --configs 64x96x56x56:5 --variants 32:128:4:128 --splits 2
     python benchmarks/tile_bench.py --backward --levels 3 --variants --auto-splits 2 --no-plane
+    python benchmarks/tile_bench.py --backward --levels 5 --variants --split-batches 8 4 --no-plane
 """
 
 from __future__ import annotations
@@ -162,6 +165,9 @@ def main():
                         help="also each variant split at these levels")
     parser.add_argument("--auto-splits", type=int, nargs="+", default=[],
                         help="also the planner's own tiles split at these levels")
+    parser.add_argument("--split-batches", type=int, nargs="+", default=[],
+                        help="--backward: also the planner's split backward in batch chunks "
+                             "of these sizes (auto/bN; N >= B: the batch whole)")
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--no-plane", action="store_true", help="skip the plane kernel")
     parser.add_argument("--backward", action="store_true",
@@ -272,11 +278,12 @@ def backward_main(args, backend, bandwidth):
     variants.update({f"{v}/s{c}": parse_variant(v)[0]._replace(split=c)
                      for v in args.variants for c in args.splits})
     variants.update({f"auto/s{c}": Tuning(split=c) for c in args.auto_splits})
+    variants.update({f"auto/b{n}": Tuning(split_batch=n) for n in args.split_batches})
     variants["auto"] = Tuning()
     configs = grid_configs(args.levels, args.configs)
 
     def runs_here(problem, tuning):
-        if tuning.split is not None:
+        if tuning.split is not None or tuning.split_batch is not None:
             return plan_split(problem, backend.shared_limit, tuning, True) is not None
         return tuning == Tuning() or plan_tiles(problem, backend.shared_limit, tuning,
                                                 backward=True) is not None

@@ -81,6 +81,12 @@
 #              tests of the planner's splits (K 5), then whole tiles against the planner's
 #              own tiles split at 1 and 2 (tile_bench.py --auto-splits), forward and
 #              backward, fp32 and bf16 ($SHALLOW_CONFIGS, $SHALLOW_K)   (~6 min cold)
+#   splitchunks  the split backward in batch chunks (launch.split_batch_chunks): its GPU
+#              tests ($CHUNK_TESTS, a pytest -k expression; "-" skips them; K of
+#              $CHUNK_KS, default 5), then tile_bench.py --backward: the planner's default
+#              against the batch whole (auto/b8) and other chunk sizes ($CHUNK_SIZES), on
+#              the paper grid's sizes at L 5 and L 3, fp32 and bf16 ($CHUNK_CONFIGS)
+#                                                                   (~6 min cold)
 #   tiledtypes the paper grid's forward and training step per dtype (fp32 / fp16 / bf16), on
 #              $AB_BASE's tree (if set) and the working tree, then ncu of the L3 tile
 #              kernel at 8x64x256x256 in fp16 ($TILEDTYPE_SHAPES)     (~4 min cold)
@@ -510,6 +516,25 @@ run_shallowsplit() {
   return $rc
 }
 
+run_splitchunks() {
+  echo "== split backward in batch chunks: GPU tests, then the default against the batch whole"
+  local rc=0 configs
+  if [ "${CHUNK_TESTS:-batch_chunks}" != - ]; then
+    WTCONV_TEST_GPU=1 WTCONV_TEST_KS=${CHUNK_KS:-5} timeout 420 python3 -m pytest -q -n 12 \
+      -p no:cacheprovider -p no:benchmark tests/gpu/test_gpu_kernels.py \
+      -k "${CHUNK_TESTS:-batch_chunks}" >"$OUT/chunk_tests.log" 2>&1 || rc=1
+    tail -n 4 "$OUT/chunk_tests.log"
+  fi
+  configs=${CHUNK_CONFIGS:-"8x32x128x128:5 8x128x128x128:5 8x64x256x256:5 8x128x256x256:5 8x64x512x512:5 8x128x512x512:5 8x64x256x256:3 8x128x512x512:3"}
+  # shellcheck disable=SC2086
+  timeout 300 python3 benchmarks/tile_bench.py --backward --configs $configs --variants \
+    --split-batches ${CHUNK_SIZES:-8} --no-plane --storage float32 bfloat16 \
+    --json "$OUT/chunk_backward.json" >"$OUT/chunk_backward.log" 2>&1 || rc=1
+  grep -v "^TileSpec\|^PlaneSpec\|^CoarseSpec\|^CoarseOutSpec\|^FinalizeSpec\|^RegisterSpec\|^FlipSpec\|^LaneSpec\|^PartialSumSpec" \
+    "$OUT/chunk_backward.log" | cut -c1-400 | tail -n 30
+  return $rc
+}
+
 run_registers() {
   echo "== register kernel: GPU tests (and the default split at 28x28), then register_bench.py"
   local rc=0
@@ -741,7 +766,7 @@ print(*sorted({f"{h}x{w}:{lv}" for _, _, h, w, lv, _ in CONFIGS}))')
 
 for phase in "${phases[@]}"; do
   case "$phase" in
-    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|fwdhost|torchstep|stepprofile|tiles|tileplanes|blockedw|streams|shallowsplit|tileprofile|stageprofile|split|registers|ab|bwdprofile|hotspots|tilehotspots|lanes|lanehotspots|tiledtypes)
+    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|fwdhost|torchstep|stepprofile|tiles|tileplanes|blockedw|streams|shallowsplit|splitchunks|tileprofile|stageprofile|split|registers|ab|bwdprofile|hotspots|tilehotspots|lanes|lanehotspots|tiledtypes)
       "run_$phase" || status=1 ;;
     *) echo "unknown phase: $phase"; status=2 ;;
   esac
