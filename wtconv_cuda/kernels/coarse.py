@@ -1,4 +1,5 @@
-"""The coarse pre-pass of a split pass: ``wtconv_coarse_in`` and ``wtconv_coarse_out``.
+"""The coarse pre-pass of a split pass: ``wtconv_coarse_in``, ``wtconv_coarse_out`` and,
+for a backward in batch chunks, ``wtconv_partial_sum``.
 
 A tile's halo grows as ``2**L`` (:mod:`.tiles`), so deep transforms on
 large planes cannot run on tiles whole. They are split at a level ``c``:
@@ -42,6 +43,17 @@ second buffer: ``wtconv_coarse_in`` pools ``x`` into the area of ``r``
 
 the gradients laid out as the parameters, with a bias gradient's ``C``
 values (never written) after the base weight's.
+
+A backward in batch chunks
+(:func:`~wtconv_cuda.kernels.launch.split_batch_chunks`) runs steps 1-3 per
+chunk with that chunk's two buffers, and keeps one more to the end::
+
+    [ partial sums: C x chunks x ntaps | a set of coarse gradients per chunk ]
+
+``wtconv_partial_sum`` adds a chunk's tile partials per channel into its
+column of the sums, which ``wtconv_finalize`` then reads as its partials;
+``wtconv_coarse_out`` adds the chunks' coarse gradients in chunk order before
+rounding them.
 """
 
 from __future__ import annotations
