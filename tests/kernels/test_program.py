@@ -272,6 +272,14 @@ def test_side_by_side_keeps_the_work_buffers_bound(monkeypatch, shape, levels, f
     device = _Device()
     program = record(problem, True, LIMIT, SLOTS, device.function_of, device.table_address)
     assert program.forks == (storage in forking)
+    b, c, h, w = shape
+    fraction = (launch_module.SIDE_BY_SIDE_BUFFER_FRACTION if program.forks
+                else launch_module.DX_FORWARD_BUFFER_FRACTION)
+    assert 4 * _peak_floats(program) <= fraction * b * c * h * w * ITEMSIZE[storage]
+
+
+def _peak_floats(program):
+    """float32 elements of the work buffers ``program`` holds at once, at most."""
     live = peak = 0
     sizes = {}
     for kind, slot, floats in program.steps:
@@ -281,10 +289,30 @@ def test_side_by_side_keeps_the_work_buffers_bound(monkeypatch, shape, levels, f
             peak = max(peak, live)
         elif kind == "release":
             live -= sizes[slot]
+    return peak
+
+
+@pytest.mark.parametrize("shape,levels", [((8, 32, 128, 128), 5), ((8, 64, 256, 256), 5),
+                                          ((8, 32, 512, 512), 5), ((8, 64, 256, 256), 3),
+                                          ((7, 16, 512, 300), 5)])
+@pytest.mark.parametrize("storage", ["float32", "bfloat16"])
+def test_split_backward_program_holds_what_the_planner_counts(shape, levels, storage):
+    """A split backward's recorded program, in batch chunks, holds at most
+    split_live_floats() at once (exactly that where the coarse problem's buffers are
+    all requested at once), within SPLIT_BACKWARD_BUFFER_FRACTION of x's bytes."""
+    problem = Problem(*shape, 5, levels, 1, storage, True)
+    split = launch_module.plan_split(problem, LIMIT, backward=True)
+    chunks = launch_module.split_batch_chunks(problem, LIMIT, SLOTS)
+    assert split is not None and chunks
+    device = _Device()
+    program = record(problem, True, LIMIT, SLOTS, device.function_of, device.table_address)
+    counted = launch_module.split_live_floats(split, chunks, LIMIT, SLOTS)
+    assert _peak_floats(program) <= counted
+    if shape[-1] == 512:  # the coarse problem on tiles: its partials alone
+        assert _peak_floats(program) == counted
     b, c, h, w = shape
-    fraction = (launch_module.SIDE_BY_SIDE_BUFFER_FRACTION if program.forks
-                else launch_module.DX_FORWARD_BUFFER_FRACTION)
-    assert 4 * peak <= fraction * b * c * h * w * ITEMSIZE[storage]
+    budget = launch_module.SPLIT_BACKWARD_BUFFER_FRACTION * b * c * h * w * ITEMSIZE[storage]
+    assert 4 * counted <= budget
 
 
 def test_one_stream_without_a_side_stream(monkeypatch):

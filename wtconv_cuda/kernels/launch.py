@@ -1515,20 +1515,28 @@ def split_live_floats(split: SplitPlan, chunks: tuple, shared_limit: int,
     Returns
     -------
     int
-        The coarse buffer beside the pooled pair and the coarse problem's
-        buffers, or beside the tiles' partials (requested after the pooled
-        pair's release); in batch chunks, the largest chunk's, beside the
-        chunks' partial sums and coarse gradients.
+        The coarse buffer and the coarse problem's buffers beside the pooled
+        pair or, after its release, beside the tiles' partials. In batch
+        chunks, the chunks' partial sums and coarse gradients beside the
+        most a chunk holds so; the coarse problem does not release its own
+        buffers, and a recorded program
+        (:class:`~wtconv_cuda.kernels.program.Program`) keeps them to the end
+        of the call, so every earlier chunk's count too.
     """
+    def coarse(plan):
+        return sum(work_buffers(plan.coarse, True, shared_limit, max_slots))
+
     def one(plan):
-        coarse = sum(work_buffers(plan.coarse, True, shared_limit, max_slots))
-        return plan.layout.floats + max(plan.layout.pooled_floats + coarse,
-                                        plan.tiles.partial_floats)
+        return (plan.layout.floats + coarse(plan)
+                + max(plan.layout.pooled_floats, plan.tiles.partial_floats))
 
     if not chunks:
         return one(split)
-    return (len(chunks) * _chunk_sum_floats(split)
-            + max(one(plan) for plan in dict.fromkeys(chunks)))
+    held = peak = 0
+    for plan in chunks:
+        peak = max(peak, held + one(plan))
+        held += coarse(plan)
+    return len(chunks) * _chunk_sum_floats(split) + peak
 
 
 def _chunk_sum_floats(split: SplitPlan) -> int:
@@ -1549,8 +1557,9 @@ def split_batch_chunks(problem: Problem, shared_limit: int, max_slots: int,
     ``x``'s bytes at once, 0.39-0.41 of a 16-bit one's (the partials alone
     0.055 of ``x``'s elements at K 5: 226 sums per 64 x 64 tile). Where that
     passes `SPLIT_BACKWARD_BUFFER_FRACTION`, the pre-pass, the coarse problem's
-    backward and the tiles run chunk by chunk, each chunk's buffers released
-    before the next one's are requested; ``wtconv_partial_sum`` adds each
+    backward and the tiles run chunk by chunk, each chunk's pooled pair,
+    coarse buffer and partials released before the next one's are requested
+    (:func:`split_live_floats` counts what stays); ``wtconv_partial_sum`` adds each
     chunk's partials per channel into one of the chunks' sums (in the order
     ``wtconv_finalize`` adds them whole), and after the last chunk one
     ``wtconv_finalize`` adds those and ``wtconv_coarse_out`` the chunks'
@@ -2178,10 +2187,10 @@ def _run_backward_split(backend, problem: Problem, x, dy, dx, weights: Weights,
     chunk's."""
     C = problem.channels
     if not chunks:
-        keep = _run_split_chunk(backend, problem, x, dy, dx, weights, split, None)
-        _run_finalize(backend, problem, keep[1], weights, grads, split.tiles.finalize_dims,
+        keep, partial = _run_split_chunk(backend, problem, x, dy, dx, weights, split, None)
+        _run_finalize(backend, problem, partial, weights, grads, split.tiles.finalize_dims,
                       split.tiles.ntaps)
-        levels = backend.view(keep[0], split.layout.grad_levels, _coarse_level_floats(split))
+        levels = backend.view(keep, split.layout.grad_levels, _coarse_level_floats(split))
         _run_coarse_out(backend, problem, split, levels, grads, 1, 0)
         return
     ntaps, per_chunk = split.tiles.ntaps, _chunk_sum_floats(split)
