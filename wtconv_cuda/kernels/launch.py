@@ -1997,7 +1997,8 @@ def planned_specs(problem: Problem, backward: bool, shared_limit: int, max_slots
     -------
     list of kernel specs
         `CoarseSpec`, `TileSpec`, `PlaneSpec`, `FinalizeSpec`, `CoarseOutSpec`,
-        `PartialSumSpec` and `FlipSpec` values. A ``weights_only`` plane backward lists ``wtconv_flip`` and the
+        `PartialSumSpec` and `FlipSpec` values. A ``weights_only`` plane
+        backward lists ``wtconv_flip`` and the
         forward's specs first (they compute ``dx``; those of each batch size
         its chunks take, see :func:`dx_forward_plan`). A split pass lists
         ``wtconv_coarse_in``, the coarse problem's specs (planned with the
@@ -2183,8 +2184,8 @@ def _run_backward_split(backend, problem: Problem, x, dy, dx, weights: Weights,
     pooled arrays are released before the tiles' partials are allocated. In batch
     chunks (``chunks``, :func:`split_batch_chunks`) each chunk runs the first three
     steps on its entries, its partials summed per channel into a buffer kept to the
-    end beside its coarse gradients, and its buffers released before the next
-    chunk's."""
+    end beside its coarse gradients, and its pooled pair, coarse buffer and partials
+    released before the next chunk's are requested."""
     C = problem.channels
     if not chunks:
         keep, partial = _run_split_chunk(backend, problem, x, dy, dx, weights, split, None)
