@@ -1470,11 +1470,17 @@ def _least_split_floats(p: Problem, split: SplitPlan, shared_limit: int) -> int:
         return split.layout.floats + (0 if split.in_place else split.layout.pooled_floats)
     one, sums = split, 0
     if p.batch > 1:
-        one = _split_plan(p._replace(batch=1), split.split,
-                          split.tiles._replace(grid=p.channels * split.tiles.ntiles,
-                                               finalize_dims=None), shared_limit, True)
+        one = _chunk_plan(p, split, 1, shared_limit)
         sums = p.batch * _chunk_sum_floats(split)
     return one.layout.floats + max(one.layout.pooled_floats, one.tiles.partial_floats) + sums
+
+
+def _chunk_plan(p: Problem, split: SplitPlan, count: int, shared_limit: int) -> SplitPlan:
+    """The backward ``split`` of ``p`` on a batch chunk of ``count`` entries: the same
+    split and tiles, the chunk's blocks, no finalize of its own."""
+    fine = split.tiles._replace(grid=count * p.channels * split.tiles.ntiles,
+                                finalize_dims=None)
+    return _split_plan(p._replace(batch=count), split.split, fine, shared_limit, True)
 
 
 def _split_plan(p: Problem, c: int, fine: TileLaunch, shared_limit: int,
@@ -1591,12 +1597,7 @@ def split_batch_chunks(problem: Problem, shared_limit: int, max_slots: int,
         counts = [size] * (B // size) + ([B % size] if B % size else [])
         if len(counts) == 1:
             return ()
-        fine, plans = split.tiles, {}
-        for n in dict.fromkeys(counts):
-            plans[n] = _split_plan(problem._replace(batch=n), split.split,
-                                   fine._replace(grid=n * problem.channels * fine.ntiles,
-                                                 finalize_dims=None),
-                                   shared_limit, True)
+        plans = {n: _chunk_plan(problem, split, n, shared_limit) for n in dict.fromkeys(counts)}
         return tuple(plans[n] for n in counts)
 
     if tuning.split_batch is not None:
@@ -2112,22 +2113,27 @@ def _launch_registers(backend, launch: RegisterLaunch, arrays: tuple) -> None:
                  (*arrays, *launch.scalars), launch.shared_bytes)
 
 
-def _coarse_weights(backend, buf, lay: CoarseLayout, problem: Problem, levels: int,
-                    start: int, shift: int = 0) -> Weights:
-    """Views of the coarse problem's float32 parameters (or, from ``start`` = ``lay.grads``,
-    their gradients) in the split's work buffer ``buf``; gradients ``shift`` elements
-    further on in ``buf`` (another buffer laid out alike)."""
+def _coarse_weights(backend, buf, lay: CoarseLayout, problem: Problem,
+                    levels: int) -> Weights:
+    """Views of the coarse problem's float32 parameters in the split's work buffer
+    ``buf`` (no bias: the zero scale stands in)."""
     C, K2 = problem.channels, problem.kernel_size ** 2
-    if start == lay.base_weight:  # parameters: no bias, the zero scale stands in
-        bias = scale = backend.view(buf, lay.base_scale, C)
-        ww = lay.wavelet_weight
-    else:  # gradients: weight, bias (never written), scale, levels
-        start += shift
-        bias = backend.view(buf, start + C * K2, C)
-        scale = backend.view(buf, start + C * K2 + C, C)
-        ww = lay.grad_levels + shift
-    w0 = backend.view(buf, start, C * K2)
-    return Weights(w0, bias, scale, backend.view(buf, ww, levels * C * 4 * K2),
+    scale = backend.view(buf, lay.base_scale, C)
+    ww = lay.wavelet_weight
+    return Weights(backend.view(buf, lay.base_weight, C * K2), scale, scale,
+                   backend.view(buf, ww, levels * C * 4 * K2),
+                   backend.view(buf, ww + levels * C * 4 * K2, levels * C * 4))
+
+
+def _coarse_gradients(backend, buf, lay: CoarseLayout, problem: Problem, levels: int,
+                      start: int) -> Weights:
+    """Views of the coarse problem's float32 gradients, laid out as from ``lay.grads``
+    (weight, bias (never written), scale, levels), from ``start`` in ``buf``."""
+    C, K2 = problem.channels, problem.kernel_size ** 2
+    ww = start + lay.grad_levels - lay.grads
+    return Weights(backend.view(buf, start, C * K2), backend.view(buf, start + C * K2, C),
+                   backend.view(buf, start + C * K2 + C, C),
+                   backend.view(buf, ww, levels * C * 4 * K2),
                    backend.view(buf, ww + levels * C * 4 * K2, levels * C * 4))
 
 
@@ -2167,7 +2173,7 @@ def _run_forward_split(backend, problem: Problem, x, y, weights: Weights,
         band = backend.view(pool, lay.pooled[0], lay.plane)
         out = backend.view(keep, lay.out, lay.plane)
     run_forward(backend, q, band, out,
-                _coarse_weights(backend, keep, lay, problem, q.levels, lay.base_weight))
+                _coarse_weights(backend, keep, lay, problem, q.levels))
     if not split.in_place:
         backend.release(pool)
     args = (x, y, *weights, *_int64s(problem.height, problem.width, problem.channels,
@@ -2233,14 +2239,11 @@ def _run_split_chunk(backend, problem: Problem, x, dy, dx, weights: Weights,
     lay, q, tiled = split.layout, split.coarse, split.tiles
     pool, keep = _run_coarse_in(backend, problem, split, (x, dy), weights)
     out = backend.view(keep, lay.out, lay.plane)
-    coarse_grads = (_coarse_weights(backend, keep, lay, problem, q.levels, lay.grads)
-                    if gradients is None else
-                    _coarse_weights(backend, gradients[0], lay, problem, q.levels, lay.grads,
-                                    gradients[1] - lay.grads))
+    buf, start = (keep, lay.grads) if gradients is None else gradients
     run_backward(backend, q, backend.view(pool, lay.pooled[0], lay.plane),
                  backend.view(pool, lay.pooled[1], lay.plane), out,
-                 _coarse_weights(backend, keep, lay, problem, q.levels, lay.base_weight),
-                 coarse_grads)
+                 _coarse_weights(backend, keep, lay, problem, q.levels),
+                 _coarse_gradients(backend, buf, lay, problem, q.levels, start))
     backend.release(pool)
     del pool
     partial = backend.float32(tiled.partial_floats)
