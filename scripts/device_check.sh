@@ -10,8 +10,11 @@
 #              out over the GPUs (on one 16-core GPU machine: one K per call,
 #              TEST_KS=5; at 4 K its warmup alone outran a 10-minute call; with
 #              carried PTX, see below, the K 5 cases ran in 447 s on 14 workers)
-#   bindings   tests/gpu/test_bindings_gpu.py and test_reliability_gpu.py, plus
-#              benchmarks/binding_overhead.py (~2 min; ~5 on a cold kernel cache)
+#   bindings   tests/gpu/test_bindings_gpu.py and test_reliability_gpu.py on one
+#              worker per core (each compiles the variants its cases meet), plus
+#              benchmarks/binding_overhead.py (~7 min on a fresh machine: 53 passed,
+#              2 skipped in 399 s on 14 workers, H100; the up-front warmup of every
+#              K 3-7 variant it replaced did not finish in 320 s there)
 #   ncu        DRAM bytes of one forward + backward at 64x96x56x56, L5, K5, fp32
 #   profile    ncu occupancy, warp states and stall reasons at 56x56 and 7x7
 #   tune       benchmarks/tune.py $TUNE_ARGS (launch-shape sweep)
@@ -191,13 +194,11 @@ run_kernels() {
 
 run_bindings() {
   echo "== bindings and reliability on the GPU"
-  # A fresh machine has an empty kernel cache: compile the test cases' variants
-  # on every core first, or pytest compiles them one at a time.
-  local jobs; jobs=$(nproc); [ "$jobs" -gt 32 ] && jobs=32
-  python3 -m wtconv_cuda.kernels.warmup --kernel-sizes 3 5 7 --strides 1 2 --jobs "$jobs" \
-    --planes 17x23 56x56 255x257 1x7 14x14 64x64 96x96 16x16 2>&1 | tail -n 2
-  WTCONV_TEST_GPU=1 timeout 420 python3 -m pytest -q -rfE -p no:cacheprovider -p no:benchmark \
-    tests/gpu/test_bindings_gpu.py tests/gpu/test_reliability_gpu.py \
+  # A fresh machine has an empty kernel cache: pytest workers compile the
+  # variants of their own cases side by side (one worker per core, at most 14).
+  local workers; workers=$(nproc); [ "$workers" -gt 14 ] && workers=14
+  WTCONV_TEST_GPU=1 timeout 480 python3 -m pytest -q -n "$workers" -rfE -p no:cacheprovider \
+    -p no:benchmark tests/gpu/test_bindings_gpu.py tests/gpu/test_reliability_gpu.py \
     2>&1 | tee "$OUT/gpu_bindings.log" | tail -n 15
   timeout 120 python3 benchmarks/binding_overhead.py >"$OUT/binding_overhead.json" \
     2>"$OUT/binding_overhead.err" && tail -c 2000 "$OUT/binding_overhead.json"
