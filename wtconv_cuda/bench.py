@@ -35,7 +35,7 @@ grid, B = 8, C in {32, 64, 128}, H = W in {128, 256, 512}, L in {1, 3, 5};
 ``all`` (default) is both. K = 5, stride 1; dtypes float32, float16 and
 bfloat16 (``--dtypes``), every implementation in that dtype. The ConvNeXt
 stages run first, then the other sizes from small to large; a configuration
-that would end past ``--time-budget`` seconds (default 240, counted from the
+that would end past ``--time-budget`` seconds (default 420, counted from the
 start, kernel compilation included) is skipped and listed as skipped, so the
 run fits in one 10-minute device call. ``--quick`` keeps 2 of the paper's
 sizes and takes 10 runs per median.
@@ -60,19 +60,20 @@ Examples
 --------
 On the GPU machine, from the repository root::
 
-    python -m wtconv_cuda.bench --out "$OUT"          # full grid, about 4 minutes
+    python -m wtconv_cuda.bench --out "$OUT"          # full grid, about 4-5.5 minutes
     python -m wtconv_cuda.bench --quick --out "$OUT"  # about 1 minute
 
-Run time on an H200 (estimated from ``benchmarks/NOTES.md``, not yet
-measured): compiling the ~39 kernel variants takes ~35 s on 16 cores (a few
-seconds when ``scripts/device_check.sh`` filled the PTX cache first); each
-configuration makes 35 calls of each implementation (3 warm-up, 30 timed, the
-check and the memory measurement); the paper's grid holds 1.85e9 input
-elements per dtype, at about 0.8 ns per element for one inference and one
-training step of all implementations together, so about 55 s for float32 and
-less for float16 and bfloat16; the ConvNeXt stages take about 1 s per dtype.
-With start-up and cuDNN autotuning the full run comes to about 3.5 to 4
-minutes; the time budget cuts the largest paper sizes should it run longer.
+Run time on an H100 (2026-12-06, ``benchmarks/results/h100-2026-12-06e/``):
+compiling the 167 kernel variants of the full grid took 75 s on 16 cores with a
+partly filled PTX cache, 1 s with the one ``scripts/build_ptx_cache.sh bench``
+builds. Measuring took 37 s for the ConvNeXt stages (three dtypes) and 94 s for
+the paper grid in float32; a 16-bit row takes about as long as its float32 one
+(1.5-3.9 s against 1.9 s at 8 x 32 x 512 x 512). Two rows took 9-16 s
+(8 x 64 x 256 x 256 at L 3 and 5 in float32, the first to run their split
+tiles; not profiled), every other 0.4-3.9 s. That run, with the old 240 s default budget, cut 16 of the 93
+configurations after 242 s (75 of them compiling); the whole grid comes to
+about 4 minutes with a filled cache and 5.5 without (the cut rows estimated from
+their float32 times), inside the 420 s default.
 
 The progress bar is ``tqdm`` on a terminal (a simple bar without it); in a
 log it is one line per configuration.
@@ -107,7 +108,7 @@ __all__ = ["main", "find_materialising", "CPU_LABEL", "MATERIALISING_PATH"]
 CPU_LABEL = "CPU-only machine: running the tiny CPU demo instead"
 #: Where the materialising implementation lives in a repository checkout.
 MATERIALISING_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "materialising.py"
-DEFAULT_TIME_BUDGET = 240.0
+DEFAULT_TIME_BUDGET = 420.0
 
 
 def find_materialising(path=MATERIALISING_PATH):
@@ -159,7 +160,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-plot", action="store_true", help="do not draw the PNG")
     parser.add_argument("--time-budget", type=float, default=DEFAULT_TIME_BUDGET,
                         help="skip configurations that would end later than this many seconds "
-                             "after the start (default 240; 0: no limit)")
+                             "after the start (default 420; 0: no limit)")
     parser.add_argument("--no-precompile", action="store_true",
                         help="do not compile the kernel variants in parallel first")
     parser.add_argument("--compile-only", action="store_true",
