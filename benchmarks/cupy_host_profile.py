@@ -23,6 +23,21 @@ import numpy as np
 from binding_overhead import measure  # a sibling script: benchmarks/ is on sys.path
 
 
+def _views_of_one(weights, align: int = 512):
+    """The weight gradients as ``gpu.gradient_arrays`` made them before 2026-12-06: one
+    allocation, sliced at ``align``-byte offsets and reshaped, for the comparison."""
+    import cupy
+
+    step = align // 4
+    sizes = [-(-a.size // step) * step for a in weights if a is not None]
+    flat = cupy.empty(sum(sizes), dtype=cupy.float32)
+    views, start = [], 0
+    for a, size in zip((a for a in weights if a is not None), sizes):
+        views.append(flat[start:start + a.size].reshape(a.shape))
+        start += size
+    return views
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=1000)
@@ -91,10 +106,9 @@ def main(argv=None):
         ("backend.kernel(spec) (cached)", lambda: backend.kernel(launch.spec)),
         ("backend.table(geo) (cached)", lambda: backend.table(launch.geo)),
         ("cupy.empty(x.shape)", lambda: cupy.empty(x.shape, dtype=x.dtype)),
-        ("weight gradients: cupy.empty each",
-         lambda: [cupy.empty(a.shape, dtype=a.dtype) for a in weights if a is not None]),
-        ("weight gradients: gpu.gradient_arrays",
+        ("weight gradients: gpu.gradient_arrays (cupy.empty each)",
          lambda: gpu.gradient_arrays(weights, x.dtype, cupy)),
+        ("weight gradients: one allocation, five views", lambda: _views_of_one(weights)),
         ("cupy.ascontiguousarray(x)", lambda: cupy.ascontiguousarray(x)),
         ("with cupy.cuda.Device(0)", enter_device),
         ("forward kernel launch (CupyBackend.call)",

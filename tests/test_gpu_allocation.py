@@ -1,4 +1,4 @@
-"""The GPU path's weight-gradient arrays: views of one allocation (NumPy stands in for CuPy)."""
+"""The GPU path's weight-gradient arrays (NumPy stands in for CuPy)."""
 
 import numpy as np
 import pytest
@@ -17,7 +17,8 @@ def _dtype(name):
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("channels, kernel_size, levels", [(3, 5, 2), (96, 7, 0), (1, 1, 4)])
-def test_gradient_arrays_are_aligned_disjoint_views(channels, kernel_size, levels, dtype, bias):
+def test_gradient_arrays_have_the_weights_layouts_and_share_no_memory(channels, kernel_size,
+                                                                       levels, dtype, bias):
     dtype = _dtype(dtype)
     w = init_weights(channels, kernel_size, levels, seed=0, dtype=np.float32)
     if not bias:
@@ -26,17 +27,11 @@ def test_gradient_arrays_are_aligned_disjoint_views(channels, kernel_size, level
 
     assert (grads.base_bias is None) == (not bias)
     present = [(g, a) for g, a in zip(grads, w) if a is not None]
-    base = present[0][0].base
-    starts = []
     for g, a in present:
         assert g.shape == a.shape and g.dtype == dtype and g.flags.c_contiguous
-        assert g.base is base  # one allocation
-        start = g.__array_interface__["data"][0] - base.__array_interface__["data"][0]
-        assert start % gpu.GRADIENT_ALIGN == 0
-        starts.append((start, start + g.nbytes))
-    starts.sort()
-    assert all(end <= nxt for (_, end), (nxt, _) in zip(starts, starts[1:]))
-    assert starts[-1][1] <= base.nbytes
+    for i, (g, _) in enumerate(present):
+        for h, _ in present[i + 1:]:
+            assert not np.shares_memory(g, h)
 
     # every element belongs to one gradient: writing each leaves the others alone
     for i, (g, _) in enumerate(present):

@@ -109,17 +109,14 @@ def _kernel_weights(w: WTConvWeights, cupy):
     return Weights(base_weight, bias, base_scale, wavelet_weight, wavelet_scale)
 
 
-#: Bytes between the starts of the weight gradients in their shared allocation: each
-#: view starts where a separate allocation from CuPy's pool would (512-byte aligned).
-GRADIENT_ALIGN = 512
-
-
 def gradient_arrays(w: WTConvWeights, dtype, xp) -> WTConvWeights:
-    """Uninitialised arrays for the weight gradients, views of one allocation.
+    """Uninitialised arrays for the weight gradients, one allocation each.
 
-    One allocation instead of five: CuPy's ``empty`` costs a few microseconds
-    of host time each (4.7 us on an H200 host,
-    ``benchmarks/cupy_host_profile.py``), more than a view.
+    Five ``xp.empty`` calls: on an H200 host they cost 10.4 us together
+    against 15.4 us for one allocation sliced and reshaped into five views,
+    which CuPy's indexing makes dearer than the allocations it saves
+    (``benchmarks/cupy_host_profile.py``,
+    ``benchmarks/results/h200-2026-12-05c/bench/cupy_host_profile.txt``).
 
     Parameters
     ----------
@@ -128,26 +125,16 @@ def gradient_arrays(w: WTConvWeights, dtype, xp) -> WTConvWeights:
     dtype : numpy.dtype-like
         The gradients' dtype (on the GPU path, every weight's).
     xp : module
-        ``cupy`` (``numpy`` in tests): ``xp.empty`` and the arrays' slicing
-        and ``reshape``.
+        ``cupy`` (``numpy`` in tests): its ``empty``.
 
     Returns
     -------
     WTConvWeights
-        Contiguous C-order arrays of the weights' shapes and ``dtype``, each
-        starting at a multiple of :data:`GRADIENT_ALIGN` bytes from the
-        allocation's start, none overlapping another; ``base_bias`` is None
-        where ``w.base_bias`` is.
+        Contiguous C-order arrays of the weights' shapes and ``dtype``, none
+        sharing memory with another; ``base_bias`` is None where
+        ``w.base_bias`` is.
     """
-    step = GRADIENT_ALIGN // np.dtype(dtype).itemsize
-    starts, total = [], 0
-    for a in w:
-        starts.append(None if a is None else total)
-        if a is not None:
-            total += -(-a.size // step) * step
-    flat = xp.empty(total, dtype=dtype)
-    return WTConvWeights(*(None if a is None else flat[start:start + a.size].reshape(a.shape)
-                           for a, start in zip(w, starts)))
+    return WTConvWeights(*(None if a is None else xp.empty(a.shape, dtype=dtype) for a in w))
 
 
 def forward(x, w: WTConvWeights, levels: int, stride: int):
@@ -211,7 +198,6 @@ def backward(x, w: WTConvWeights, dy, levels: int, stride: int):
         Gradients in the weights' layouts and dtype; ``base_bias`` is ``None``
         for a layer without bias. Weight gradients are summed over the batch
         in a fixed order: two calls on the same inputs agree bit for bit.
-        They are views of one allocation (:func:`gradient_arrays`).
 
     Raises
     ------
