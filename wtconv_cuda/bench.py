@@ -70,10 +70,11 @@ builds. Measuring took 37 s for the ConvNeXt stages (three dtypes) and 94 s for
 the paper grid in float32; a 16-bit row takes about as long as its float32 one
 (1.5-3.9 s against 1.9 s at 8 x 32 x 512 x 512). Two rows took 9-16 s
 (8 x 64 x 256 x 256 at L 3 and 5 in float32, the first to run their split
-tiles; not profiled), every other 0.4-3.9 s. That run, with the old 240 s default budget, cut 16 of the 93
-configurations after 242 s (75 of them compiling); the whole grid comes to
-about 4 minutes with a filled cache and 5.5 without (the cut rows estimated from
-their float32 times), inside the 420 s default.
+tiles; not profiled), every other 0.4-3.9 s. That run, with the old 240 s
+default budget, cut 16 of the 93 configurations after 242 s (75 of them
+compiling); the whole grid comes to about 4 minutes with a filled cache and
+5.5 without (the cut rows estimated from their float32 times), inside the
+420 s default.
 
 The progress bar is ``tqdm`` on a terminal (a simple bar without it); in a
 log it is one line per configuration.
