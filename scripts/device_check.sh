@@ -28,6 +28,9 @@
 #              piece by piece, and a cProfile of it                 (~1 min)
 #   cupyhost   benchmarks/cupy_host_profile.py: the same for the CuPy path's
 #              training step (forward with a Tape, Tape.backward)  (~1 min)
+#   hoststate  benchmarks/host_state_probe.py: the CuPy training step's host cost as
+#              the process changes (PyTorch imported, DLPack views, gc off) and
+#              the user benchmark's own host row, three rounds each   (~1 min)
 #   fwdhost    benchmarks/forward_host_cost.py: the CuPy forward's kernel, per-call and
 #              back-to-back times and a cProfile, fp32 / fp16 / bf16 (~1 min)
 #   torchstep  the PyTorch module path in one short call: its GPU tests, its host
@@ -613,6 +616,15 @@ run_cupyhost() {
   return $rc
 }
 
+run_hoststate() {
+  echo "== host cost of the CuPy training step as the process changes (host_state_probe.py)"
+  timeout 240 python3 benchmarks/host_state_probe.py --calls 500 --rounds 3 \
+    >"$OUT/host_state_probe.txt" 2>&1
+  local rc=$?
+  cat "$OUT/host_state_probe.txt"
+  return $rc
+}
+
 run_fwdhost() {
   echo "== host cost of the CuPy forward per dtype (benchmarks/forward_host_cost.py)"
   timeout 150 python3 benchmarks/forward_host_cost.py --dtypes float32 float16 bfloat16 \
@@ -768,7 +780,7 @@ print(*sorted({f"{h}x{w}:{lv}" for _, _, h, w, lv, _ in CONFIGS}))')
 
 for phase in "${phases[@]}"; do
   case "$phase" in
-    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|fwdhost|torchstep|stepprofile|tiles|tileplanes|blockedw|streams|shallowsplit|splitchunks|tileprofile|stageprofile|split|registers|ab|bwdprofile|hotspots|tilehotspots|lanes|lanehotspots|tiledtypes)
+    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|hoststate|fwdhost|torchstep|stepprofile|tiles|tileplanes|blockedw|streams|shallowsplit|splitchunks|tileprofile|stageprofile|split|registers|ab|bwdprofile|hotspots|tilehotspots|lanes|lanehotspots|tiledtypes)
       "run_$phase" || status=1 ;;
     *) echo "unknown phase: $phase"; status=2 ;;
   esac
