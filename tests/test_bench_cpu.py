@@ -243,12 +243,20 @@ def test_host_time_per_call():
     def fn():
         clock["t"] += 2e-6
 
-    us = core.host_time_per_call(fn, calls=10, warmup=5, sync=lambda: synced.append(1),
-                                 clock=lambda: clock["t"])
-    assert us == pytest.approx(2.0)
+    def sync():  # the device finishes 3 us after the last call returned
+        synced.append(1)
+        clock["t"] += 3e-6 * (len(synced) == 2)
+
+    times = core.host_times_per_call(fn, calls=10, warmup=5, sync=sync, clock=lambda: clock["t"])
+    assert times.queued_us == pytest.approx(2.0)
+    assert times.wall_us == pytest.approx(2.3)
     assert len(synced) == 2
-    with pytest.raises(ValueError):
-        core.host_time_per_call(fn, calls=0)
+    synced.clear()
+    us = core.host_time_per_call(fn, calls=10, warmup=5, sync=sync, clock=lambda: clock["t"])
+    assert us == pytest.approx(2.3)  # the end-to-end time
+    for timer in (core.host_time_per_call, core.host_times_per_call):
+        with pytest.raises(ValueError):
+            timer(fn, calls=0)
 
 
 def test_budget_guard():
@@ -326,7 +334,8 @@ def fake_report():
             "options": {"repeats": 30, "rotations": 3},
             "host_overhead": {"shape": [1, 8, 16, 16], "levels": 3, "calls": 500,
                               "us": {"ours": {"forward_us": 44.0, "training_us": 140.0},
-                                     "cupy": {"forward_us": 30.0, "training_us": 95.5},
+                                     "cupy": {"forward_us": 30.0, "training_us": 95.5,
+                                              "training_queued_us": 61.25},
                                      "dw7": {"error": "RuntimeError: boom"}}},
             "rows": [fake_row(), fake_row(dtype="float16"),
                      fake_row("8x128x512x512 L5", skipped=True)]}
@@ -341,6 +350,10 @@ def test_render_report():
     assert "1 configurations skipped" in text
     assert "44.0" in text and "error" in text
     assert "1.750" in text and "95.5" in text  # the CuPy path's training step and its host cost
+    assert "61.2" in text and "step queued us" in text  # a row without the queued time reads "-"
+    host_rows = {line.split()[0]: line.split() for line in text.splitlines()[-6:]
+                 if line.startswith(("ours", "cupy"))}
+    assert host_rows["ours"][-1] == "-" and host_rows["cupy"][-1] == "61.2"
 
 
 def test_exit_status():
@@ -398,7 +411,9 @@ def test_measure_config_on_cpu_tensors():
 
     overhead = measure.host_overhead(runtime, opts, materialising)
     assert set(overhead["us"]) == {"ours", "materialising", "dw7"}
-    assert overhead["us"]["ours"]["training_us"] > 0
+    ours = overhead["us"]["ours"]
+    assert ours["training_us"] >= ours["training_queued_us"] > 0
+    assert ours["forward_us"] >= ours["forward_queued_us"] > 0
 
     assert measure.copy_bandwidth(runtime, nbytes=1 << 16, repeats=2) > 0
     assert runtime.name == "cpu" and runtime.peak_bytes(lambda: 1) is None

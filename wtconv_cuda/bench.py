@@ -20,7 +20,10 @@ with ``torch.backends.cudnn.benchmark = True``. Measured:
 - peak memory of an inference call and of a training step above the resident
   inputs (``torch.cuda.max_memory_allocated`` minus the memory allocated
   before; the statistic is reset for each measurement);
-- host overhead: end-to-end time per call of a tiny ``(1, 8, 16, 16)`` input;
+- host overhead: end-to-end time per call of a tiny ``(1, 8, 16, 16)`` input,
+  and of the training step also the time until its last call returned (the
+  "queued" column: where it is well below the end-to-end time, the device
+  set the pace, not the host);
 - the roofline fraction: compulsory bytes (inference: read ``x``, write
   ``y``, 2x the bytes of ``x``; training: that plus reading ``x`` and ``dy``
   and writing ``dx``, 5x) over the time, against a measured

@@ -37,6 +37,8 @@ __all__ = [
     "PerfCounterTimer",
     "CudaEventTimer",
     "time_median",
+    "HostTime",
+    "host_times_per_call",
     "host_time_per_call",
     "BudgetGuard",
     "SimpleProgress",
@@ -524,14 +526,32 @@ def time_median(fn: Callable, inputs: Sequence[tuple], timer, repeat: int = 30,
     return Timing(statistics.median(times), min(times), max(times), len(times))
 
 
-def host_time_per_call(fn: Callable, args: tuple = (), calls: int = 500, warmup: int = 20,
-                       sync: Callable[[], Any] | None = None,
-                       clock: Callable[[], float] = time.perf_counter) -> float:
-    """End-to-end microseconds per call of ``fn(*args)`` in a back-to-back loop.
+class HostTime(NamedTuple):
+    """Microseconds per call of a back-to-back loop (:func:`host_times_per_call`).
 
-    The clock runs from before the first call to after a final
-    synchronisation, so the result is the host cost per call when the work
-    is tiny and the device time when it is not.
+    Attributes
+    ----------
+    queued_us : float
+        Until the last call returned: the host's cost per call where the
+        device keeps up.
+    wall_us : float
+        Until the device had finished every call as well. ``wall_us`` well
+        above ``queued_us`` means the device, not the host, set the pace.
+    """
+
+    queued_us: float
+    wall_us: float
+
+
+def host_times_per_call(fn: Callable, args: tuple = (), calls: int = 500, warmup: int = 20,
+                        sync: Callable[[], Any] | None = None,
+                        clock: Callable[[], float] = time.perf_counter) -> HostTime:
+    """Queued and end-to-end microseconds per call of ``fn(*args)`` in a back-to-back loop.
+
+    The clock runs from before the first call to after the last call has
+    returned (queued) and to after a final synchronisation (wall), so the
+    wall time is the host cost per call when the work is tiny and the device
+    time when it is not.
 
     Parameters
     ----------
@@ -547,8 +567,7 @@ def host_time_per_call(fn: Callable, args: tuple = (), calls: int = 500, warmup:
 
     Returns
     -------
-    float
-        Microseconds per call.
+    HostTime
 
     Raises
     ------
@@ -564,8 +583,33 @@ def host_time_per_call(fn: Callable, args: tuple = (), calls: int = 500, warmup:
     start = clock()
     for _ in range(calls):
         fn(*args)
+    queued = clock()
     sync()
-    return (clock() - start) / calls * 1e6
+    done = clock()
+    return HostTime((queued - start) / calls * 1e6, (done - start) / calls * 1e6)
+
+
+def host_time_per_call(fn: Callable, args: tuple = (), calls: int = 500, warmup: int = 20,
+                       sync: Callable[[], Any] | None = None,
+                       clock: Callable[[], float] = time.perf_counter) -> float:
+    """End-to-end microseconds per call: :func:`host_times_per_call`'s ``wall_us``.
+
+    Parameters
+    ----------
+    fn, args, calls, warmup, sync, clock
+        As in :func:`host_times_per_call`.
+
+    Returns
+    -------
+    float
+        Microseconds per call.
+
+    Raises
+    ------
+    ValueError
+        ``calls < 1``.
+    """
+    return host_times_per_call(fn, args, calls, warmup, sync, clock).wall_us
 
 
 class BudgetGuard:

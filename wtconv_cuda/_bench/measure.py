@@ -29,7 +29,7 @@ from .core import (
     PerfCounterTimer,
     compulsory_bytes,
     floor_ms,
-    host_time_per_call,
+    host_times_per_call,
     itemsize_of,
     roofline_fraction,
     speedup,
@@ -436,7 +436,11 @@ def host_overhead(runtime: Runtime, opts: MeasureOptions, materialising=None, cu
     -------
     dict
         ``shape``, ``levels``, ``calls`` and per implementation
-        ``{"forward_us": ..., "training_us": ...}`` (or ``{"error": ...}``).
+        ``{"forward_us": ..., "training_us": ..., "forward_queued_us": ...,
+        "training_queued_us": ...}`` (or ``{"error": ...}``): ``*_us`` until
+        the device finished the loop, ``*_queued_us`` until its last call
+        returned (see :class:`~wtconv_cuda._bench.core.HostTime`; where the
+        two differ, the device set the pace).
     """
     cfg = HOST_CONFIG
     result = {"shape": list(cfg.shape), "levels": cfg.levels, "kernel_size": cfg.kernel_size,
@@ -447,12 +451,13 @@ def host_overhead(runtime: Runtime, opts: MeasureOptions, materialising=None, cu
         entry = {}
         try:
             x = impl.prepare(xs[0])
-            entry["forward_us"] = host_time_per_call(impl.forward, (x,), opts.host_calls,
-                                                     sync=runtime.synchronize)
+            calls = [("forward", impl.forward, (x,))]
             if impl.train is not None:
-                entry["training_us"] = host_time_per_call(impl.train, (x, impl.prepare(dys[0])),
-                                                          opts.host_calls,
-                                                          sync=runtime.synchronize)
+                calls.append(("training", impl.train, (x, impl.prepare(dys[0]))))
+            for mode, fn, args in calls:
+                times = host_times_per_call(fn, args, opts.host_calls, sync=runtime.synchronize)
+                entry[f"{mode}_us"] = times.wall_us
+                entry[f"{mode}_queued_us"] = times.queued_us
         except Exception as exc:  # one failing path must not hide the others
             entry = {"error": _error_text(exc)}
         result["us"][name] = entry

@@ -149,6 +149,11 @@ def training_table(rows: Sequence[dict]) -> str:
 def host_table(overhead: dict) -> str:
     """Host overhead per call (microseconds) of each implementation.
 
+    The forward and the training step until the device finished the loop,
+    and the step until its last call returned ("queued"; absent from runs
+    before 2026-12-06: "-"). Where the two step times differ, the device
+    set the pace, not the host.
+
     Parameters
     ----------
     overhead : dict
@@ -159,14 +164,18 @@ def host_table(overhead: dict) -> str:
     str
     """
     body = []
+
+    def cell(value):
+        return "-" if value is None else f"{value:.1f}"
+
     for name, entry in overhead.get("us", {}).items():
         if "error" in entry:
-            body.append([name, "error", entry["error"][:60]])
+            body.append([name, "error", entry["error"][:60], ""])
             continue
-        train = entry.get("training_us")
-        body.append([name, f"{entry['forward_us']:.1f}",
-                     "-" if train is None else f"{train:.1f}"])
-    return format_table(["implementation", "forward us", "training step us"], body)
+        body.append([name, cell(entry.get("forward_us")), cell(entry.get("training_us")),
+                     cell(entry.get("training_queued_us"))])
+    return format_table(["implementation", "forward us", "training step us",
+                         "step queued us"], body)
 
 
 def render_report(report: dict) -> str:
