@@ -38,6 +38,20 @@ def _views_of_one(weights, align: int = 512):
     return views
 
 
+def _arrays_on_one(weights, align: int = 512):
+    """The weight gradients as five ``cupy.ndarray`` objects built on one pool allocation
+    at ``align``-byte offsets (no slicing or reshaping), for the comparison."""
+    import cupy
+
+    sizes = [-(-a.size * 4 // align) * align for a in weights if a is not None]
+    memory = cupy.cuda.alloc(sum(sizes))
+    arrays, offset = [], 0
+    for a, size in zip((a for a in weights if a is not None), sizes):
+        arrays.append(cupy.ndarray(a.shape, cupy.float32, memory + offset))
+        offset += size
+    return arrays
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=1000)
@@ -109,6 +123,8 @@ def main(argv=None):
         ("weight gradients: gpu.gradient_arrays (cupy.empty each)",
          lambda: gpu.gradient_arrays(weights, x.dtype, cupy)),
         ("weight gradients: one allocation, five views", lambda: _views_of_one(weights)),
+        ("weight gradients: one allocation, five ndarrays on it",
+         lambda: _arrays_on_one(weights)),
         ("cupy.ascontiguousarray(x)", lambda: cupy.ascontiguousarray(x)),
         ("with cupy.cuda.Device(0)", enter_device),
         ("forward kernel launch (CupyBackend.call)",
