@@ -26,23 +26,10 @@ from __future__ import annotations
 
 import argparse
 import gc
-import time
 
 import numpy as np
 
-
-def _per_call(fn, calls: int, sync, warmup: int = 20) -> tuple[float, float]:
-    """Host and wall microseconds per call of ``fn`` in a back-to-back loop."""
-    for _ in range(warmup):
-        fn()
-    sync()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    queued = time.perf_counter()
-    sync()
-    done = time.perf_counter()
-    return (queued - start) / calls * 1e6, (done - start) / calls * 1e6
+from wtconv_cuda._bench.core import host_times_per_call
 
 
 def _rounds(label: str, fn, calls: int, rounds: int, sync, gc_off: bool = False) -> None:
@@ -51,7 +38,7 @@ def _rounds(label: str, fn, calls: int, rounds: int, sync, gc_off: bool = False)
         if gc_off:
             gc.disable()
         try:
-            results.append(_per_call(fn, calls, sync))
+            results.append(host_times_per_call(fn, calls=calls, sync=sync))
         finally:
             gc.enable()
     host = " ".join(f"{h:6.1f}" for h, _ in results)
