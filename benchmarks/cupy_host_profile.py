@@ -24,7 +24,7 @@ from binding_overhead import measure  # a sibling script: benchmarks/ is on sys.
 
 
 def _views_of_one(weights, align: int = 512):
-    """The weight gradients as ``gpu.gradient_arrays`` made them before 2026-12-06: one
+    """The weight gradients as ``gpu.gradient_arrays`` made them before ``3c51d9a``: one
     allocation, sliced at ``align``-byte offsets and reshaped, for the comparison."""
     import cupy
 
@@ -36,20 +36,6 @@ def _views_of_one(weights, align: int = 512):
         views.append(flat[start:start + a.size].reshape(a.shape))
         start += size
     return views
-
-
-def _arrays_on_one(weights, align: int = 512):
-    """The weight gradients as five ``cupy.ndarray`` objects built on one pool allocation
-    at ``align``-byte offsets (no slicing or reshaping), for the comparison."""
-    import cupy
-
-    sizes = [-(-a.size * 4 // align) * align for a in weights if a is not None]
-    memory = cupy.cuda.alloc(sum(sizes))
-    arrays, offset = [], 0
-    for a, size in zip((a for a in weights if a is not None), sizes):
-        arrays.append(cupy.ndarray(a.shape, cupy.float32, memory + offset))
-        offset += size
-    return arrays
 
 
 def main(argv=None):
@@ -120,13 +106,11 @@ def main(argv=None):
         ("backend.kernel(spec) (cached)", lambda: backend.kernel(launch.spec)),
         ("backend.table(geo) (cached)", lambda: backend.table(launch.geo)),
         ("cupy.empty(x.shape)", lambda: cupy.empty(x.shape, dtype=x.dtype)),
-        ("weight gradients: gpu.gradient_arrays",
+        ("weight gradients: gpu.gradient_arrays (five ndarrays on one allocation)",
          lambda: gpu.gradient_arrays(weights, x.dtype, cupy)),
         ("weight gradients: five cupy.empty calls",
          lambda: [cupy.empty(a.shape, dtype=x.dtype) for a in weights if a is not None]),
         ("weight gradients: one allocation, five views", lambda: _views_of_one(weights)),
-        ("weight gradients: one allocation, five ndarrays on it",
-         lambda: _arrays_on_one(weights)),
         ("cupy.ascontiguousarray(x)", lambda: cupy.ascontiguousarray(x)),
         ("with cupy.cuda.Device(0)", enter_device),
         ("forward kernel launch (CupyBackend.call)",
