@@ -114,7 +114,11 @@
 # plane's cases, named like 8x64x255x257-L3-K5-s1, and the tiled kernels' tests), TEST_IDS (a
 # file of case ids, e.g. from scripts/sweep_left.py: the cases a cut sweep did not reach; their
 # kernel sizes must be in TEST_KS, and they all run on GPU 0), WARM_PLANES (plane sizes the kernels
-# phase compiles ahead, e.g. "255x257 130x67"), BENCH_ARGS (extra
+# phase compiles ahead, e.g. "255x257 130x67"), WARMUP_TIMEOUT (seconds the kernels phase's
+# compile step may take; default: no limit), PACK_CACHE=1 (the kernels phase packs the kernel
+# cache, carried PTX and what it compiled, into $OUT/ptx-cache.tar.xz: on a fresh H100 host
+# the 16 cores compiled about 25 K 9 variants a minute, 2 cores here about 3 K 7 ones; a sweep
+# of one new kernel size needs about 630 variants, so build it across calls), BENCH_ARGS (extra
 # options of the bench, e.g. "--shapes convnext"), TILE_ARGS (options of
 # tile_bench.py), REPORT=1 (load
 # every compiled variant and record registers and local memory: ~1 s a kernel).
@@ -159,7 +163,9 @@ run_kernels() {
     jobs=$(nproc); [ "$jobs" -gt 32 ] && jobs=32
     [ "${REPORT:-0}" = 1 ] && report=(--report "$OUT/kernels.json")
     # shellcheck disable=SC2086  # WARM_PLANES is a list of plane sizes
-    python3 -m wtconv_cuda.kernels.warmup --kernel-sizes ${TEST_KS//,/ } --strides 1 2 \
+    # A cut warmup (WARMUP_TIMEOUT) keeps what it compiled: the cases then compile the rest.
+    timeout "${WARMUP_TIMEOUT:-0}" python3 -m wtconv_cuda.kernels.warmup \
+      --kernel-sizes ${TEST_KS//,/ } --strides 1 2 \
       --jobs "$jobs" --planes ${WARM_PLANES:-17x23 56x56 255x257 1x7 28x28 14x14 7x7} \
       "${report[@]}" 2>&1 | tee "$OUT/warmup.log" | tail -n 5
   fi
@@ -193,6 +199,10 @@ run_kernels() {
     grep -E '^(FAILED|ERROR) ' "$log" | head -n 20
     tail -n 1 "$log"
   done
+  if [ "${PACK_CACHE:-0}" = 1 ]; then  # bring the compiled PTX back for the next call to carry
+    tar -C "$WTCONV_CUDA_CACHE" -cJf "$OUT/ptx-cache.tar.xz" . &&
+      echo "packed $(find "$WTCONV_CUDA_CACHE" -name '*.ptx' | wc -l) PTX files into $OUT/ptx-cache.tar.xz"
+  fi
   return $rc
 }
 
