@@ -31,6 +31,10 @@
 #   hoststate  benchmarks/host_state_probe.py: the CuPy training step's host cost as
 #              the process changes (PyTorch imported, DLPack views, gc off) and
 #              the user benchmark's own host row, three rounds each   (~1 min)
+#   pdl        benchmarks/pdl_probe.py: the recorded forward and backward at the ConvNeXt-T
+#              stages with plain launches and with programmatic dependent launch (every
+#              kernel waits at its first instruction), fp32 and bf16; carry
+#              ptx-Kbench                                            (~3 min, not run yet)
 #   fwdhost    benchmarks/forward_host_cost.py: the CuPy forward's kernel, per-call and
 #              back-to-back times and a cProfile, fp32 / fp16 / bf16 (~1 min)
 #   torchstep  the PyTorch module path in one short call: its GPU tests, its host
@@ -635,6 +639,15 @@ run_hoststate() {
   return $rc
 }
 
+run_pdl() {
+  echo "== programmatic dependent launch of the recorded programs (benchmarks/pdl_probe.py)"
+  (cd benchmarks && timeout 400 python3 pdl_probe.py --storage float32 bfloat16 \
+    --json "$OUT/pdl_probe.json") >"$OUT/pdl_probe.txt" 2>&1
+  local rc=$?
+  cat "$OUT/pdl_probe.txt"
+  return $rc
+}
+
 run_fwdhost() {
   echo "== host cost of the CuPy forward per dtype (benchmarks/forward_host_cost.py)"
   timeout 150 python3 benchmarks/forward_host_cost.py --dtypes float32 float16 bfloat16 \
@@ -790,7 +803,7 @@ print(*sorted({f"{h}x{w}:{lv}" for _, _, h, w, lv, _ in CONFIGS}))')
 
 for phase in "${phases[@]}"; do
   case "$phase" in
-    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|hoststate|fwdhost|torchstep|stepprofile|tiles|tileplanes|blockedw|streams|shallowsplit|splitchunks|tileprofile|stageprofile|split|registers|ab|bwdprofile|hotspots|tilehotspots|lanes|lanehotspots|tiledtypes)
+    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|hoststate|pdl|fwdhost|torchstep|stepprofile|tiles|tileplanes|blockedw|streams|shallowsplit|splitchunks|tileprofile|stageprofile|split|registers|ab|bwdprofile|hotspots|tilehotspots|lanes|lanehotspots|tiledtypes)
       "run_$phase" || status=1 ;;
     *) echo "unknown phase: $phase"; status=2 ;;
   esac
