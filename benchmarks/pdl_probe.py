@@ -4,23 +4,32 @@ On Hopper a kernel launched with the programmatic-stream-serialization attribute
 be scheduled before the kernel ahead of it on the stream has finished. It waits at
 ``griddepcontrol.wait`` until that kernel has finished and its writes are visible,
 and the kernel ahead lets it be scheduled with ``griddepcontrol.launch_dependents``
-(once every block of the grid has issued it or exited). The 28 x 28 forward, the
-inference target's weakest stage, is three kernels in a row (pre-pass, coarse
-problem, tiles); each boundary costs a launch and a drain and fill of the SMs.
+(once every block of the grid has issued it or exited; see
+:mod:`wtconv_cuda.kernels.grid_dependency`). The 28 x 28 forward, the inference
+target's weakest stage, is three kernels in a row (pre-pass, coarse problem, tiles).
 
-Here every kernel of a recorded program gets both instructions as the first of its
-body (:func:`with_grid_dependency`, on a copy of its cached PTX; nothing else in the
-kernels changes), and every launch goes through ``cuLaunchKernelEx`` with the
-attribute (:class:`PdlLauncher`, ``ctypes`` on ``libcuda``). Each kernel still waits
-at its first instruction, so the results are those of plain launches, bit for bit;
-what this can save is the launch latency and the fill of each kernel behind the tail
-of the one before. Work before the wait (a tile's load of ``x`` and its finer levels,
-which do not read the coarse problem) would need the wait placed in the generated
-source: not done here.
+Modes, each a recorded program (:func:`~wtconv_cuda.kernels.program.record`):
 
-For each ConvNeXt-T stage (56, 28, 14, 7) and dtype: the forward and the backward
-program on one stream, plain and PDL, alternating rounds, medians of 30 calls (CUDA
-events, three rotating input sets), and whether PDL gives the plain launches' bits.
+- ``plain``: the default program, plain launches;
+- ``pdl``: the same kernels with `PROLOGUE` (wait, then trigger) as the first
+  instructions of their bodies (:func:`with_grid_dependency`, on a copy of the cached
+  PTX), every launch through ``cuLaunchKernelEx`` with the attribute
+  (:class:`PdlLauncher`, ``ctypes`` on ``libcuda``): what launch latency and the fill
+  behind the kernel ahead cost, with no work overlapped;
+- forward only, where the forward splits: ``late``, the tiles of
+  ``Tuning(late_coarse=True)`` (``TileSpec.late_coarse``: the load of ``x``, the LL
+  bands and every convolution run before the tile waits for the coarse problem) and
+  the other kernels as in ``pdl``, PDL launches; ``late plain``, that program's
+  kernels unpatched with plain launches (the late tile's wait and trigger then do
+  nothing): the cost of adding the coarse output late.
+
+Every kernel triggers after its own wait, so a grid two or more launches back has
+finished before a late tile starts: what it reads before its wait (``x``, the taps)
+is written by no grid still running. All modes give the plain launches' bits.
+
+For each ConvNeXt-T stage (56, 28, 14, 7) and dtype: the forward and the backward on
+one stream, the modes alternating round by round, medians of 30 calls (CUDA events,
+three rotating input sets), and whether each mode gives ``plain``'s bits.
 
     python benchmarks/pdl_probe.py --storage float32 bfloat16 --json pdl.json
 """
@@ -40,7 +49,7 @@ from wtconv_cuda.kernels.program import record
 
 STAGES = [(64, 96, 56, 56, 5), (64, 192, 28, 28, 4), (64, 384, 14, 14, 3), (64, 768, 7, 7, 2)]
 #: The instructions put first in every kernel body.
-PROLOGUE = ("\tgriddepcontrol.launch_dependents;", "\tgriddepcontrol.wait;")
+PROLOGUE = ("\tgriddepcontrol.wait;", "\tgriddepcontrol.launch_dependents;")
 #: ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`` (cuda.h).
 PROGRAMMATIC_STREAM_SERIALIZATION = 6
 ROUNDS = 3
@@ -125,16 +134,22 @@ class PdlLauncher:
 
 class PdlKernels:
     """``function_of(spec)`` for :func:`record`: each spec's kernel loaded from its cached
-    PTX with :func:`with_grid_dependency` applied, and its ``CUfunction`` handle."""
+    PTX with :func:`with_grid_dependency` applied, and its ``CUfunction`` handle. A late
+    tile (``TileSpec.late_coarse``) waits where its source says: it is loaded as it is."""
 
     def __init__(self, backend, folder: Path):
         self._backend = backend
         self._folder = folder
         self._kernels: dict = {}
+        #: Whether a late tile was asked for.
+        self.late = False
 
     def __call__(self, spec):
         import cupy
 
+        if getattr(spec, "late_coarse", False):
+            self.late = True
+            return self._backend.driver_handle(self._backend.kernel(spec))
         kernel = self._kernels.get(spec)
         if kernel is None:
             device = cupy.cuda.Device(self._backend.device_id)
@@ -150,18 +165,30 @@ class PdlKernels:
         return self._backend.driver_handle(kernel)
 
 
-def _programs(backend, problem, pdl_kernels):
-    """``{(pass, mode): Program}``: the forward and backward, plain and PDL."""
+def _programs(backend, problem, folder: Path) -> dict:
+    """``{(pass, mode): (Program, PDL launches)}`` of the modes this problem has."""
+    from wtconv_cuda.kernels.launch import Tuning
+
     def plain(spec):
         return backend.driver_handle(backend.kernel(spec))
 
     def table(values):
         return backend.table(values).data.ptr
 
-    return {(name, mode): record(problem, backward, backend.shared_limit, backend.max_slots,
-                                 function_of, table)
-            for name, backward in (("forward", False), ("backward", True))
-            for mode, function_of in (("plain", plain), ("pdl", pdl_kernels))}
+    def program(backward, function_of, tuning=Tuning()):
+        return record(problem, backward, backend.shared_limit, backend.max_slots,
+                      function_of, table, tuning)
+
+    out = {}
+    for name, backward in (("forward", False), ("backward", True)):
+        out[(name, "plain")] = program(backward, plain), False
+        out[(name, "pdl")] = program(backward, PdlKernels(backend, folder)), True
+    late_kernels = PdlKernels(backend, folder)
+    late = program(False, late_kernels, Tuning(late_coarse=True))
+    if late_kernels.late:  # the forward splits: its tiles wait late
+        out[("forward", "late")] = late, True
+        out[("forward", "late plain")] = program(False, plain, Tuning(late_coarse=True)), False
+    return out
 
 
 def _poison(a, storage):
@@ -169,8 +196,8 @@ def _poison(a, storage):
 
 
 def bench_stage(stage, storage, backend, launcher=None, folder=None):
-    """One stage's row: times (ms, one median a round) and bit equality of each pass, plain
-    and PDL, the two modes alternating round by round."""
+    """One stage's row: times (ms, one median a round) of each pass in each mode, the
+    modes alternating round by round, and whether each gives ``plain``'s bits."""
     import cupy
 
     from dx_forward_bench import stage_inputs
@@ -179,26 +206,26 @@ def bench_stage(stage, storage, backend, launcher=None, folder=None):
 
     problem, weights, sets = stage_inputs(stage, storage)
     launcher = launcher or PdlLauncher()
-    folder = folder or Path(tempfile.mkdtemp(prefix="pdl_ptx_"))
-    programs = _programs(backend, problem, PdlKernels(backend, folder))
+    programs = _programs(backend, problem, folder or Path(tempfile.mkdtemp(prefix="pdl_ptx_")))
     row = dict(shape=list(stage[:4]), levels=stage[4], storage=storage)
     plain_launch = driver._cu_launch_kernel
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         for name in ("forward", "backward"):
+            modes = [mode for (pass_, mode) in programs if pass_ == name]
             out = cupy.empty_like(sets[0][0])  # y, or dx
             grads = [cupy.empty_like(a) for a in weights]
             written = [out] + (grads if name == "backward" else [])
             outputs = {}
             for _ in range(ROUNDS):
-                for mode in ("plain", "pdl"):
-                    program = programs[(name, mode)]
+                for mode in modes:
+                    program, pdl = programs[(name, mode)]
 
                     def call(x, dy, program=program, backward=name == "backward"):
                         arrays = (x, dy, out, *weights, *grads) if backward else (x, out, *weights)
                         program.run([a.data.ptr for a in arrays], gpu._allocate, stream.ptr)
 
-                    driver._cu_launch_kernel = launcher if mode == "pdl" else plain_launch
+                    driver._cu_launch_kernel = launcher if pdl else plain_launch
                     try:
                         for a in written:
                             _poison(a, storage)
@@ -211,16 +238,20 @@ def bench_stage(stage, storage, backend, launcher=None, folder=None):
                         driver._cu_launch_kernel = plain_launch
                     row.setdefault(f"{name} {mode} ms", []).append(ms)
                     outputs.setdefault(mode, [a.copy() for a in written])
-            row[f"{name} same bits"] = all(bool(cupy.array_equal(a, b))
-                                           for a, b in zip(outputs["plain"], outputs["pdl"]))
+            for mode in modes[1:]:
+                row[f"{name} {mode} same bits"] = all(
+                    bool(cupy.array_equal(a, b)) for a, b in zip(outputs["plain"], outputs[mode]))
     return row
 
 
 def describe(row):
-    return "  ".join(
-        f"{name}: plain {min(row[name + ' plain ms']):.4f} pdl {min(row[name + ' pdl ms']):.4f} ms"
-        f"{'' if row[name + ' same bits'] else ' (OTHER BITS)'}"
-        for name in ("forward", "backward"))
+    parts = []
+    for key, times in row.items():
+        if key.endswith(" ms"):
+            mode = key[:-3]
+            same = row.get(f"{mode} same bits", True)
+            parts.append(f"{mode} {min(times):.4f}{'' if same else ' (OTHER BITS)'}")
+    return "  ".join(parts) + " (ms, least of the rounds' medians)"
 
 
 def main():
