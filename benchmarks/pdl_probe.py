@@ -32,6 +32,7 @@ one stream, the modes alternating round by round, medians of 30 calls (CUDA even
 three rotating input sets), and whether each mode gives ``plain``'s bits.
 
     python benchmarks/pdl_probe.py --storage float32 bfloat16 --json pdl.json
+    python benchmarks/pdl_probe.py --compile-only --jobs 2   # the late tiles' PTX, on a CPU
 """
 
 from __future__ import annotations
@@ -254,10 +255,47 @@ def describe(row):
     return "  ".join(parts) + " (ms, least of the rounds' medians)"
 
 
-def main():
+#: The H100 and H200 backends' limits (CupyBackend: opt-in shared memory less 1 KB, two
+#: slots per multiprocessor), for ``--compile-only``.
+LIMITS = (227 * 1024 - 1024, 2 * 132)
+
+
+def late_specs(storages) -> list:
+    """The variants the ``late`` modes add to the stages' default ones (the user
+    benchmark's archive, ``scripts/build_ptx_cache.sh bench``, holds those)."""
+    from wtconv_cuda.kernels.compiler import distinct
+    from wtconv_cuda.kernels.launch import Problem, Tuning, planned_specs
+
+    specs = []
+    for storage in storages:
+        for b, c, h, w, levels in STAGES:
+            problem = Problem(b, c, h, w, 5, levels, 1, storage, True)
+            default = planned_specs(problem, False, *LIMITS)
+            specs += [spec for spec in planned_specs(problem, False, *LIMITS,
+                                                     Tuning(late_coarse=True))
+                      if spec not in default]
+    return distinct(specs)
+
+
+def main(argv=None):
+    import argparse
+    import sys
+
+    if "--compile-only" in (sys.argv[1:] if argv is None else argv):
+        parser = argparse.ArgumentParser(description="compile the late modes' variants")
+        parser.add_argument("--compile-only", action="store_true")
+        parser.add_argument("--storage", nargs="+", default=["float32", "bfloat16"])
+        parser.add_argument("--jobs", type=int, default=1)
+        args = parser.parse_args(argv)
+        from wtconv_cuda.kernels.warmup import compile_all
+
+        specs = late_specs(args.storage)
+        compile_all(specs, (9, 0), args.jobs)
+        print(f"compiled {len(specs)} variants: " + ", ".join(map(repr, specs)))
+        return
     from dx_forward_bench import stage_cli
 
-    stage_cli(__doc__.splitlines()[0], STAGES, bench_stage, describe)
+    stage_cli(__doc__.splitlines()[0], STAGES, bench_stage, describe, argv)
 
 
 if __name__ == "__main__":
