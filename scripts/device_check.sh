@@ -35,7 +35,8 @@
 #              stages with plain launches and with programmatic dependent launch (every
 #              kernel waits at its first instruction; the 28 x 28 forward also with tiles
 #              that wait only before their syntheses), fp32 and bf16; carry ptx-Kbench and
-#              ptx-Kpdl (scripts/build_ptx_cache.sh pdl)             (~3 min, not run yet)
+#              ptx-Kpdl (scripts/build_ptx_cache.sh pdl); $PDL_STORAGE, $PDL_TIMEOUT
+#              (seconds, default 480)                               (not run yet)
 #   fwdhost    benchmarks/forward_host_cost.py: the CuPy forward's kernel, per-call and
 #              back-to-back times and a cProfile, fp32 / fp16 / bf16 (~1 min)
 #   torchstep  the PyTorch module path in one short call: its GPU tests, its host
@@ -642,8 +643,10 @@ run_hoststate() {
 
 run_pdl() {
   echo "== programmatic dependent launch of the recorded programs (benchmarks/pdl_probe.py)"
-  (cd benchmarks && timeout 400 python3 pdl_probe.py --storage float32 bfloat16 \
-    --json "$OUT/pdl_probe.json") >"$OUT/pdl_probe.txt" 2>&1
+  # shellcheck disable=SC2086  # PDL_STORAGE is a list of storage names
+  (cd benchmarks && timeout "${PDL_TIMEOUT:-480}" python3 pdl_probe.py \
+    --storage ${PDL_STORAGE:-float32 bfloat16} --json "$OUT/pdl_probe.json") \
+    >"$OUT/pdl_probe.txt" 2>&1
   local rc=$?
   cat "$OUT/pdl_probe.txt"
   return $rc
