@@ -3,9 +3,11 @@
 import numpy as np
 
 from wtconv_cuda import reference
-from wtconv_cuda.kernels.launch import Problem, Weights
+from wtconv_cuda.kernels.launch import Problem, Weights, run_forward
+from wtconv_cuda.kernels.tiles import TileSpec
 
 from ..conftest import random_weights
+from ._backends import RecordingBackend
 
 
 def random_layer(rng, shape, levels, k, stride, storage, bias):
@@ -22,6 +24,33 @@ def random_layer(rng, shape, levels, k, stride, storage, bias):
     weights = Weights(wts.base_weight, wts.base_bias if bias else wts.base_scale,
                       wts.base_scale, wts.wavelet_weight, wts.wavelet_scale)
     return x, wts, weights, Problem(b, c, h, w, k, levels, stride, storage, bias)
+
+
+def forwards_agree(rng, shape, levels, k, storage, tunings) -> list:
+    """Run the forward of one random stride-1 layer with bias once per tuning (simulator,
+    outputs poisoned with NaN); the first output must be finite and near the float64
+    oracle, every other one the same bits.
+
+    Returns
+    -------
+    list of list of TileSpec
+        The tile specs each run compiled, in order.
+    """
+    x, wts, weights, problem = random_layer(rng, shape, levels, k, 1, storage, True)
+    outputs, tiles = [], []
+    for tuning in tunings:
+        backend = RecordingBackend()
+        y = np.full(shape, np.nan, x.dtype)
+        run_forward(backend, problem, x, y, weights, tuning)
+        tiles.append([spec for spec in backend.kernels if isinstance(spec, TileSpec)])
+        outputs.append(y)
+    want = reference.forward(x.astype(np.float64), wts, levels, 1)
+    assert np.isfinite(outputs[0]).all()
+    tol = 2e-6 if storage == "float32" else 2e-3
+    assert np.linalg.norm(outputs[0].astype(np.float64) - want) / np.linalg.norm(want) < tol
+    for y in outputs[1:]:
+        np.testing.assert_array_equal(y.view(np.uint8), outputs[0].view(np.uint8))
+    return tiles
 
 
 def backward_errors(x, wts, dy, levels, stride, dx, grads, bias) -> dict:
