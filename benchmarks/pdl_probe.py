@@ -256,14 +256,10 @@ def describe(row):
     return "  ".join(parts) + " (ms, least of the rounds' medians)"
 
 
-#: The H100 and H200 backends' limits (CupyBackend: opt-in shared memory less 1 KB, two
-#: slots per multiprocessor), for ``--compile-only``.
-LIMITS = (227 * 1024 - 1024, 2 * 132)
-
-
 def late_specs(storages) -> list:
     """The variants the ``late`` modes add to the stages' default ones (the user
     benchmark's archive, ``scripts/build_ptx_cache.sh bench``, holds those)."""
+    from lanes_ab import H200_LIMITS as LIMITS  # the H100's are the same
     from wtconv_cuda.kernels.compiler import distinct
     from wtconv_cuda.kernels.launch import Problem, Tuning, planned_specs
 
