@@ -159,11 +159,8 @@ class PdlKernels:
                 spec, compiler.parse_compute_capability(device.compute_capability))
             patched = self._folder / f"{path.stem}.pdl.ptx"
             patched.write_text(with_grid_dependency(path.read_text()))
-            kernel = cupy.RawModule(path=str(patched)).get_function(entry)
-            kernel.max_dynamic_shared_size_bytes = (
-                device.attributes["MaxSharedMemoryPerBlockOptin"]
-                - kernel.attributes["shared_size_bytes"])
-            self._kernels[spec] = kernel
+            with device:
+                kernel = self._kernels[spec] = compiler.load_kernel(patched, entry, device)
         return self._backend.driver_handle(kernel)
 
 

@@ -567,12 +567,34 @@ def gpu_kernel(spec, device_id: int):
             with cupy.cuda.Device(device_id) as device:
                 path, entry = cached_ptx(spec, parse_compute_capability(device.compute_capability))
                 try:
-                    kernel = cupy.RawModule(path=str(path)).get_function(entry)
-                    optin = device.attributes["MaxSharedMemoryPerBlockOptin"]
-                    kernel.max_dynamic_shared_size_bytes = optin - kernel.attributes["shared_size_bytes"]
+                    kernel = load_kernel(path, entry, device)
                 except Exception as exc:
                     raise CompileError(f"loading {spec!r} on device {device_id} failed: {exc}") from exc
             _loaded[key] = kernel
+    return kernel
+
+
+def load_kernel(path, entry: str, device):
+    """Load entry ``entry`` of the PTX file ``path`` on ``device`` as a CuPy ``RawKernel``
+    allowed all the device's opt-in dynamic shared memory (less its static shared memory).
+
+    Parameters
+    ----------
+    path : str or pathlib.Path
+        A PTX file.
+    entry : str
+        The mangled kernel name.
+    device : cupy.cuda.Device
+        The current device.
+
+    Returns
+    -------
+    cupy.RawKernel
+    """
+    import cupy
+    kernel = cupy.RawModule(path=str(path)).get_function(entry)
+    optin = device.attributes["MaxSharedMemoryPerBlockOptin"]
+    kernel.max_dynamic_shared_size_bytes = optin - kernel.attributes["shared_size_bytes"]
     return kernel
 
 
