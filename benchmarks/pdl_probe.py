@@ -21,7 +21,16 @@ Modes, each a recorded program (:func:`~wtconv_cuda.kernels.program.record`):
   bands and every convolution run before the tile waits for the coarse problem) and
   the other kernels as in ``pdl``, PDL launches; ``late plain``, that program's
   kernels unpatched with plain launches (the late tile's wait and trigger then do
-  nothing): the cost of adding the coarse output late.
+  nothing): the cost of adding the coarse output late;
+- ``pdl wait``: as ``pdl`` with only the wait (no kernel triggers: each is scheduled
+  when the one ahead has finished, its launch latency hidden, nothing resident early);
+- ``late quiet``: as ``late`` with the late tile's trigger taken out of its PTX
+  (:func:`without_trigger`), so that the next call's first kernel is not scheduled
+  while the tiles' later waves still need the SMs.
+
+A dependent grid scheduled early holds registers and shared memory on the SMs while
+it waits; where the grid ahead still has waves to run (the tiles: about six at
+28 x 28), those waves lose the room. The ``wait`` and ``quiet`` modes test that.
 
 Every kernel triggers after its own wait, so a grid two or more launches back has
 finished before a late tile starts: what it reads before its wait (``x``, the taps)
@@ -60,7 +69,7 @@ _ENTRY = re.compile(r"^\s*(?:\.visible\s+)?\.entry\s")
 _DECLARATION = re.compile(r"^\s*(?:\.(?:reg|local|shared|param)\b|//|$)")
 
 
-def with_grid_dependency(ptx: str) -> str:
+def with_grid_dependency(ptx: str, trigger: bool = True) -> str:
     """``ptx`` with `PROLOGUE` before the first instruction of its (one) kernel entry.
 
     The entry's body starts after the first ``{`` that follows the entry line;
@@ -71,6 +80,8 @@ def with_grid_dependency(ptx: str) -> str:
     ----------
     ptx : str
         PTX of one kernel (ISA 7.8 or later, ``sm_90`` or later).
+    trigger : bool, optional
+        Put the prologue's trigger after its wait (else the wait only).
 
     Returns
     -------
@@ -89,7 +100,33 @@ def with_grid_dependency(ptx: str) -> str:
     first = next((i for i in range(body, len(lines)) if not _DECLARATION.match(lines[i])), None)
     if first is None or lines[first].strip() == "}":
         raise ValueError("the kernel entry has no instruction")
-    return "\n".join(lines[:first] + list(PROLOGUE) + lines[first:]) + "\n"
+    prologue = list(PROLOGUE if trigger else PROLOGUE[:1])
+    return "\n".join(lines[:first] + prologue + lines[first:]) + "\n"
+
+
+def without_trigger(ptx: str) -> str:
+    """``ptx`` without its one ``griddepcontrol.launch_dependents`` instruction.
+
+    Parameters
+    ----------
+    ptx : str
+        PTX of a kernel that triggers its dependents exactly once.
+
+    Returns
+    -------
+    str
+
+    Raises
+    ------
+    ValueError
+        Not exactly one trigger.
+    """
+    lines = ptx.splitlines()
+    triggers = [i for i, line in enumerate(lines) if line.strip() == PROLOGUE[1].strip()]
+    if len(triggers) != 1:
+        raise ValueError(f"expected one griddepcontrol.launch_dependents, found {len(triggers)}")
+    del lines[triggers[0]]
+    return "\n".join(lines) + "\n"
 
 
 class _AttributeValue(ctypes.Union):
@@ -136,32 +173,41 @@ class PdlLauncher:
 
 class PdlKernels:
     """``function_of(spec)`` for :func:`record`: each spec's kernel loaded from its cached
-    PTX with :func:`with_grid_dependency` applied, and its ``CUfunction`` handle. A late
-    tile (``TileSpec.late_coarse``) waits where its source says: it is loaded as it is."""
+    PTX with :func:`with_grid_dependency` applied (``trigger`` as there), and its
+    ``CUfunction`` handle. A late tile (``TileSpec.late_coarse``) waits where its source
+    says: it is loaded as it is, or without its trigger where ``late_trigger`` is False."""
 
-    def __init__(self, backend, folder: Path):
+    def __init__(self, backend, folder: Path, trigger: bool = True, late_trigger: bool = True):
         self._backend = backend
         self._folder = folder
+        self._trigger = trigger
+        self._late_trigger = late_trigger
         self._kernels: dict = {}
         #: Whether a late tile was asked for.
         self.late = False
 
     def __call__(self, spec):
-        import cupy
-
-        if getattr(spec, "late_coarse", False):
-            self.late = True
+        late = getattr(spec, "late_coarse", False)
+        self.late |= late
+        if late and self._late_trigger:
             return self._backend.driver_handle(self._backend.kernel(spec))
         kernel = self._kernels.get(spec)
         if kernel is None:
-            device = cupy.cuda.Device(self._backend.device_id)
-            path, entry = compiler.cached_ptx(
-                spec, compiler.parse_compute_capability(device.compute_capability))
-            patched = self._folder / f"{path.stem}.pdl.ptx"
-            patched.write_text(with_grid_dependency(path.read_text()))
-            with device:
-                kernel = self._kernels[spec] = compiler.load_kernel(patched, entry, device)
+            kernel = self._kernels[spec] = self._load(
+                spec, without_trigger if late
+                else lambda ptx: with_grid_dependency(ptx, self._trigger))
         return self._backend.driver_handle(kernel)
+
+    def _load(self, spec, patch):
+        import cupy
+
+        device = cupy.cuda.Device(self._backend.device_id)
+        path, entry = compiler.cached_ptx(
+            spec, compiler.parse_compute_capability(device.compute_capability))
+        patched = self._folder / f"{path.stem}.{id(self)}.ptx"
+        patched.write_text(patch(path.read_text()))
+        with device:
+            return compiler.load_kernel(patched, entry, device)
 
 
 def _programs(backend, problem, folder: Path) -> dict:
@@ -182,11 +228,14 @@ def _programs(backend, problem, folder: Path) -> dict:
     for name, backward in (("forward", False), ("backward", True)):
         out[(name, "plain")] = program(backward, plain), False
         out[(name, "pdl")] = program(backward, PdlKernels(backend, folder)), True
+        out[(name, "pdl wait")] = program(backward, PdlKernels(backend, folder, False)), True
     late_kernels = PdlKernels(backend, folder)
     late = program(False, late_kernels, Tuning(late_coarse=True))
     if late_kernels.late:  # the forward splits: its tiles wait late
         out[("forward", "late")] = late, True
         out[("forward", "late plain")] = program(False, plain, Tuning(late_coarse=True)), False
+        quiet = PdlKernels(backend, folder, late_trigger=False)
+        out[("forward", "late quiet")] = program(False, quiet, Tuning(late_coarse=True)), True
     return out
 
 
