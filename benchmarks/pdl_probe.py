@@ -4,9 +4,7 @@ On Hopper a kernel launched with the programmatic-stream-serialization attribute
 be scheduled before the kernel ahead of it on the stream has finished. It waits at
 ``griddepcontrol.wait`` until that kernel has finished and its writes are visible,
 and the kernel ahead lets it be scheduled with ``griddepcontrol.launch_dependents``
-(once every block of the grid has issued it or exited; see
-:mod:`wtconv_cuda.kernels.grid_dependency`). The 28 x 28 forward, the inference
-target's weakest stage, is three kernels in a row (pre-pass, coarse problem, tiles).
+(once every block of the grid has issued it or exited).
 
 Modes, each a recorded program (:func:`~wtconv_cuda.kernels.program.record`):
 
@@ -16,32 +14,22 @@ Modes, each a recorded program (:func:`~wtconv_cuda.kernels.program.record`):
   PTX), every launch through ``cuLaunchKernelEx`` with the attribute
   (:class:`PdlLauncher`, ``ctypes`` on ``libcuda``): what launch latency and the fill
   behind the kernel ahead cost, with no work overlapped;
-- forward only, where the forward splits: ``late``, the tiles of
-  ``Tuning(late_coarse=True)`` (``TileSpec.late_coarse``: the load of ``x``, the LL
-  bands and every convolution run before the tile waits for the coarse problem) and
-  the other kernels as in ``pdl``, PDL launches; ``late plain``, that program's
-  kernels unpatched with plain launches (the late tile's wait and trigger then do
-  nothing): the cost of adding the coarse output late;
 - ``pdl wait``: as ``pdl`` with only the wait (no kernel triggers: each is scheduled
-  when the one ahead has finished, its launch latency hidden, nothing resident early);
-- ``late quiet``: as ``late`` with the late tile's trigger taken out of its PTX
-  (:func:`without_trigger`), so that the next call's first kernel is not scheduled
-  while the tiles' later waves still need the SMs.
+  when the one ahead has finished, nothing resident early that would take the room
+  of the later waves of the grid ahead).
 
-A dependent grid scheduled early holds registers and shared memory on the SMs while
-it waits; where the grid ahead still has waves to run (the tiles: about six at
-28 x 28), those waves lose the room. The ``wait`` and ``quiet`` modes test that.
+All modes give the plain launches' bits. For each ConvNeXt-T stage (28, 56, 14, 7) and
+dtype: the forward and the backward on one stream, the modes alternating round by
+round, medians of 30 calls (CUDA events, three rotating input sets), and whether each
+mode gives ``plain``'s bits.
 
-Every kernel triggers after its own wait, so a grid two or more launches back has
-finished before a late tile starts: what it reads before its wait (``x``, the taps)
-is written by no grid still running. All modes give the plain launches' bits.
-
-For each ConvNeXt-T stage (28, 56, 14, 7) and dtype: the forward and the backward on
-one stream, the modes alternating round by round, medians of 30 calls (CUDA events,
-three rotating input sets), and whether each mode gives ``plain``'s bits.
+On the H100 (``results/h100-2026-12-06h/``) neither mode gained more than noise but in
+the 28 x 28 backward (about 6 us of 339, 1.8%). The probe at ``22c3a80`` also had split
+tiles that waited for the coarse problem only before their syntheses (removed from the
+package after it measured them): the 28 x 28 forward took 0.1251-0.1259 ms with them
+against 0.1252-0.1253 plain.
 
     python benchmarks/pdl_probe.py --storage float32 bfloat16 --json pdl.json
-    python benchmarks/pdl_probe.py --compile-only --jobs 2   # the late tiles' PTX, on a CPU
 """
 
 from __future__ import annotations
@@ -104,31 +92,6 @@ def with_grid_dependency(ptx: str, trigger: bool = True) -> str:
     return "\n".join(lines[:first] + prologue + lines[first:]) + "\n"
 
 
-def without_trigger(ptx: str) -> str:
-    """``ptx`` without its one ``griddepcontrol.launch_dependents`` instruction.
-
-    Parameters
-    ----------
-    ptx : str
-        PTX of a kernel that triggers its dependents exactly once.
-
-    Returns
-    -------
-    str
-
-    Raises
-    ------
-    ValueError
-        Not exactly one trigger.
-    """
-    lines = ptx.splitlines()
-    triggers = [i for i, line in enumerate(lines) if line.strip() == PROLOGUE[1].strip()]
-    if len(triggers) != 1:
-        raise ValueError(f"expected one griddepcontrol.launch_dependents, found {len(triggers)}")
-    del lines[triggers[0]]
-    return "\n".join(lines) + "\n"
-
-
 class _AttributeValue(ctypes.Union):
     _fields_ = [("pad", ctypes.c_char * 64), ("flag", ctypes.c_int)]
 
@@ -174,45 +137,31 @@ class PdlLauncher:
 class PdlKernels:
     """``function_of(spec)`` for :func:`record`: each spec's kernel loaded from its cached
     PTX with :func:`with_grid_dependency` applied (``trigger`` as there), and its
-    ``CUfunction`` handle. A late tile (``TileSpec.late_coarse``) waits where its source
-    says: it is loaded as it is, or without its trigger where ``late_trigger`` is False."""
+    ``CUfunction`` handle."""
 
-    def __init__(self, backend, folder: Path, trigger: bool = True, late_trigger: bool = True):
+    def __init__(self, backend, folder: Path, trigger: bool = True):
         self._backend = backend
         self._folder = folder
         self._trigger = trigger
-        self._late_trigger = late_trigger
         self._kernels: dict = {}
-        #: Whether a late tile was asked for.
-        self.late = False
 
     def __call__(self, spec):
-        late = getattr(spec, "late_coarse", False)
-        self.late |= late
-        if late and self._late_trigger:
-            return self._backend.driver_handle(self._backend.kernel(spec))
-        kernel = self._kernels.get(spec)
-        if kernel is None:
-            kernel = self._kernels[spec] = self._load(
-                spec, without_trigger if late
-                else lambda ptx: with_grid_dependency(ptx, self._trigger))
-        return self._backend.driver_handle(kernel)
-
-    def _load(self, spec, patch):
         import cupy
 
-        device = cupy.cuda.Device(self._backend.device_id)
-        path, entry = compiler.cached_ptx(
-            spec, compiler.parse_compute_capability(device.compute_capability))
-        patched = self._folder / f"{path.stem}.{id(self)}.ptx"
-        patched.write_text(patch(path.read_text()))
-        with device:
-            return compiler.load_kernel(patched, entry, device)
+        kernel = self._kernels.get(spec)
+        if kernel is None:
+            device = cupy.cuda.Device(self._backend.device_id)
+            path, entry = compiler.cached_ptx(
+                spec, compiler.parse_compute_capability(device.compute_capability))
+            patched = self._folder / f"{path.stem}.{'pdl' if self._trigger else 'wait'}.ptx"
+            patched.write_text(with_grid_dependency(path.read_text(), self._trigger))
+            with device:
+                kernel = self._kernels[spec] = compiler.load_kernel(patched, entry, device)
+        return self._backend.driver_handle(kernel)
 
 
 def _programs(backend, problem, folder: Path) -> dict:
     """``{(pass, mode): (Program, PDL launches)}`` of the modes this problem has."""
-    from wtconv_cuda.kernels.launch import Tuning
 
     def plain(spec):
         return backend.driver_handle(backend.kernel(spec))
@@ -220,22 +169,15 @@ def _programs(backend, problem, folder: Path) -> dict:
     def table(values):
         return backend.table(values).data.ptr
 
-    def program(backward, function_of, tuning=Tuning()):
+    def program(backward, function_of):
         return record(problem, backward, backend.shared_limit, backend.max_slots,
-                      function_of, table, tuning)
+                      function_of, table)
 
     out = {}
     for name, backward in (("forward", False), ("backward", True)):
         out[(name, "plain")] = program(backward, plain), False
         out[(name, "pdl")] = program(backward, PdlKernels(backend, folder)), True
         out[(name, "pdl wait")] = program(backward, PdlKernels(backend, folder, False)), True
-    late_kernels = PdlKernels(backend, folder)
-    late = program(False, late_kernels, Tuning(late_coarse=True))
-    if late_kernels.late:  # the forward splits: its tiles wait late
-        out[("forward", "late")] = late, True
-        out[("forward", "late plain")] = program(False, plain, Tuning(late_coarse=True)), False
-        quiet = PdlKernels(backend, folder, late_trigger=False)
-        out[("forward", "late quiet")] = program(False, quiet, Tuning(late_coarse=True)), True
     return out
 
 
@@ -302,40 +244,7 @@ def describe(row):
     return "  ".join(parts) + " (ms, least of the rounds' medians)"
 
 
-def late_specs(storages) -> list:
-    """The variants the ``late`` modes add to the stages' default ones (the user
-    benchmark's archive, ``scripts/build_ptx_cache.sh bench``, holds those)."""
-    from lanes_ab import H200_LIMITS as LIMITS  # the H100's are the same
-    from wtconv_cuda.kernels.compiler import distinct
-    from wtconv_cuda.kernels.launch import Problem, Tuning, planned_specs
-
-    specs = []
-    for storage in storages:
-        for b, c, h, w, levels in STAGES:
-            problem = Problem(b, c, h, w, 5, levels, 1, storage, True)
-            default = planned_specs(problem, False, *LIMITS)
-            specs += [spec for spec in planned_specs(problem, False, *LIMITS,
-                                                     Tuning(late_coarse=True))
-                      if spec not in default]
-    return distinct(specs)
-
-
 def main(argv=None):
-    import argparse
-    import sys
-
-    if "--compile-only" in (sys.argv[1:] if argv is None else argv):
-        parser = argparse.ArgumentParser(description="compile the late modes' variants")
-        parser.add_argument("--compile-only", action="store_true")
-        parser.add_argument("--storage", nargs="+", default=["float32", "bfloat16"])
-        parser.add_argument("--jobs", type=int, default=1)
-        args = parser.parse_args(argv)
-        from wtconv_cuda.kernels.warmup import compile_all
-
-        specs = late_specs(args.storage)
-        compile_all(specs, (9, 0), args.jobs)
-        print(f"compiled {len(specs)} variants: " + ", ".join(map(repr, specs)))
-        return
     from dx_forward_bench import stage_cli
 
     stage_cli(__doc__.splitlines()[0], STAGES, bench_stage, describe, argv)

@@ -8,8 +8,6 @@
 #                                             BENCH_ARGS as in device_check.sh)
 #   bash scripts/build_ptx_cache.sh blocked  (the device_check.sh blockedw phase's A/B;
 #                                             BLOCKED_SHAPES as there)
-#   bash scripts/build_ptx_cache.sh pdl      (the pdl phase's late tiles; carry ptx-Kbench
-#                                             too)
 #
 # A fresh device machine starts with an empty kernel cache, and compiling the
 # oracle sweep's variants of one kernel size there takes most of a 10-minute
@@ -66,10 +64,6 @@ for k in "$@"; do
       "$venv/bin/python" benchmarks/lanes_ab.py --compile-only --jobs "$jobs" --dtypes fp32 bf16 \
       --settings default blocked --shapes ${BLOCKED_SHAPES:-64x96x56x56:5 64x192x28x28:4} \
       | tail -n 2
-  elif [ "$k" = pdl ]; then  # benchmarks/pdl_probe.py's late tiles (fp32 and bf16)
-    python=$(cd "$venv" && pwd)/bin/python root=$PWD
-    (cd benchmarks && env -u NUMBA_ENABLE_CUDASIM WTCONV_CUDA_CACHE="$root/$work" \
-      PYTHONPATH="$root" "$python" pdl_probe.py --compile-only --jobs "$jobs" | tail -n 2)
   elif [ "$k" = bench ]; then  # the user benchmark's variants (its grid and dtypes)
     # shellcheck disable=SC2086  # BENCH_ARGS is a list of options
     env -u NUMBA_ENABLE_CUDASIM WTCONV_CUDA_CACHE="$PWD/$work" PYTHONPATH="$PWD" \

@@ -33,10 +33,9 @@
 #              the user benchmark's own host row, three rounds each   (~1 min)
 #   pdl        benchmarks/pdl_probe.py: the recorded forward and backward at the ConvNeXt-T
 #              stages with plain launches and with programmatic dependent launch (every
-#              kernel waits at its first instruction; the 28 x 28 forward also with tiles
-#              that wait only before their syntheses), fp32 and bf16; carry ptx-Kbench and
-#              ptx-Kpdl (scripts/build_ptx_cache.sh pdl); $PDL_STORAGE, $PDL_TIMEOUT
-#              (seconds, default 480)                               (not run yet)
+#              kernel waits at its first instruction, and triggers its dependents or not),
+#              fp32 and bf16; carry ptx-Kbench; $PDL_STORAGE, $PDL_TIMEOUT (seconds,
+#              default 480)                                         (~1 min with fp32)
 #   fwdhost    benchmarks/forward_host_cost.py: the CuPy forward's kernel, per-call and
 #              back-to-back times and a cProfile, fp32 / fp16 / bf16 (~1 min)
 #   torchstep  the PyTorch module path in one short call: its GPU tests, its host

@@ -62,16 +62,6 @@ def test_prologue_without_its_trigger_only_waits():
     assert body[first + 1].strip().startswith("ld.param.u64")
 
 
-def test_without_trigger_takes_out_exactly_the_trigger():
-    triggering = pdl_probe.with_grid_dependency(KERNEL)
-    quiet = pdl_probe.without_trigger(triggering)
-    assert quiet == pdl_probe.with_grid_dependency(KERNEL, trigger=False)
-    for count in (0, 2):
-        ptx = KERNEL.replace("\tret;", "\n".join([pdl_probe.PROLOGUE[1]] * count + ["\tret;"]))
-        with pytest.raises(ValueError, match=f"found {count}"):
-            pdl_probe.without_trigger(ptx)
-
-
 def test_prologue_refuses_ptx_without_an_entry_or_an_instruction():
     with pytest.raises(ValueError, match="no kernel entry"):
         pdl_probe.with_grid_dependency(".version 9.0\n.target sm_90\n")

@@ -39,7 +39,6 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import NamedTuple
 
-from . import grid_dependency
 from .layout import (
     HEADER, HEADER_FIELDS, LEVEL_BASE, LEVEL_FIELDS, LEVEL_STRIDE, bias_index, plane_layout,
 )
@@ -1639,8 +1638,7 @@ def build(source: str, name: str):
     ``_unsigned_indices``); under the simulator, which lacks ``syncwarp``,
     warp barriers become block barriers. The source runs in a namespace holding ``np``,
     ``cuda``, the numba scalar types it uses and, if referenced, ``libdevice`` (under
-    the simulator, NumPy versions of its two bit casts: its own are stubs) and the grid
-    dependency calls of :mod:`.grid_dependency`.
+    the simulator, NumPy versions of its two bit casts: its own are stubs).
 
     Parameters
     ----------
@@ -1665,7 +1663,6 @@ def build(source: str, name: str):
     if "libdevice." in source:
         from numba.cuda import libdevice
         namespace["libdevice"] = _SimulatedBitCasts if simulator_enabled() else libdevice
-    namespace.update(grid_dependency.namespace(source, simulator_enabled()))
     if simulator_enabled():  # the simulator has no syncwarp; a block barrier is stronger
         source = source.replace("cuda.syncwarp()", "cuda.syncthreads()")
     code = compile(_unsigned_indices(source), f"<wtconv_cuda generated {name}>", "exec")

@@ -211,11 +211,6 @@ class Tuning(NamedTuple):
         chunk of its coarse pre-pass, coarse problem and tiles (clipped to
         ``B``; the last chunk takes the rest). None lets
         :func:`split_batch_chunks` choose.
-    late_coarse : bool or None
-        Forward of a split pass: tiles that wait for the coarse problem only before
-        their syntheses (``TileSpec.late_coarse``; ``sm_90`` or later), for launches
-        with programmatic dependent launch (``benchmarks/pdl_probe.py``). None or
-        False: the default tiles.
     """
 
     threads: int | None = None
@@ -238,7 +233,6 @@ class Tuning(NamedTuple):
     tile_planes: int | None = None
     blocked_weights: bool | None = None
     split_batch: int | None = None
-    late_coarse: bool | None = None
 
 
 #: Whether a ``weights_only`` plane backward takes the register-blocked correlations
@@ -1458,9 +1452,7 @@ def plan_split(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
         if small is None:
             return None
         c, fine = small
-    late = bool(tuning.late_coarse) and not backward
-    split = _split_plan(p, c, fine._replace(spec=fine.spec._replace(coarse=True,
-                                                                    late_coarse=late)),
+    split = _split_plan(p, c, fine._replace(spec=fine.spec._replace(coarse=True)),
                         shared_limit, backward)
     if shallow:  # whole tiles would do: split only within the buffer budget
         if 4 * _least_split_floats(p, split, shared_limit) > (SPLIT_SHALLOW_BUFFER_FRACTION

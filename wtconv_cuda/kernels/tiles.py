@@ -62,7 +62,6 @@ from contextlib import contextmanager, nullcontext
 from functools import lru_cache
 from typing import NamedTuple
 
-from . import grid_dependency
 from .codegen import (
     STORAGE, _butterfly, _DivmodLoop, _Emitter, _emit_block_window, _emit_fold_weights,
     _emit_level_accumulators, _emit_level_item_sums, _emit_pair_window, _floor_div, _floor_mod,
@@ -123,14 +122,6 @@ class TileSpec(NamedTuple):
         (:func:`shared_floats`), and pass the block's barriers together, so
         the warps of a multiprocessor run the same phase at the same time. 1
         (the default): one plane a block.
-    late_coarse : bool
-        Forward with ``coarse`` only, for programmatic dependent launch (``sm_90`` or
-        later; :mod:`.grid_dependency`): the coarse output is read and added to the
-        top level's LL sums just before the syntheses, after the block waits for the
-        grids ahead of it (the coarse problem) and then lets its own dependents be
-        scheduled. Everything before (the load of ``x``, the LL bands and every
-        level's convolutions) reads nothing those grids write. The same sums in the
-        same order as the default (``acc + coarse``), so the same bits.
     """
 
     kernel_size: int
@@ -147,15 +138,12 @@ class TileSpec(NamedTuple):
     height: int = 0
     width: int = 0
     planes: int = 1
-    late_coarse: bool = False
 
     def __repr__(self) -> str:
-        """As a named tuple's, without ``planes=1`` and ``late_coarse=False``: a variant's
-        name, and the key of its compiled PTX (:mod:`.compiler`), stay what they were
-        before those fields."""
-        defaults = {"planes": 1, "late_coarse": False}
+        """As a named tuple's, without ``planes=1``: a variant's name, and the key of its
+        compiled PTX (:mod:`.compiler`), stay what they were before the field."""
         fields = (f"{name}={value!r}" for name, value in zip(self._fields, self)
-                  if not (name in defaults and value == defaults[name]))
+                  if not (name == "planes" and value == 1))
         return f"TileSpec({', '.join(fields)})"
 
 
@@ -828,8 +816,6 @@ def tile_kernel_source(spec: TileSpec) -> str:
                                           and not spec.inner_levels)):
         raise ValueError("planes above 1 need a forward tile over its whole plane without "
                          f"inner levels, got {spec}")
-    if spec.late_coarse and not (spec.coarse and not spec.backward):
-        raise ValueError(f"late_coarse needs a forward tile with a coarse pre-pass, got {spec}")
 
     e = _Emitter()
     extra = ", coarse, Hc, Wc" if spec.coarse else ""
@@ -875,21 +861,20 @@ def tile_kernel_source(spec: TileSpec) -> str:
             columns = _tap_columns(geo)
             _emit_fold_weights(e, spec, tap_columns=geo.level_taps if columns else 0,
                                base_pitch=_base_pitch(K) if columns else 0, array=_taps(spec))
-        early_coarse = spec.coarse and not spec.late_coarse
-        if early_coarse:
+        if spec.coarse:
             _emit_coarse_loads(e, spec)
         if spec.height:
             _emit_plane_load(e, spec, geo, source)
         else:
             _emit_tile_load(e, spec, geo, source, geo.grids)
-        if early_coarse:
+        if spec.coarse:
             _emit_coarse_stores(e, spec, geo)
         e("cuda.syncthreads()")
 
         def convolve(j: int) -> None:
             Qj = analysis_plan(K, TS >> j, NT, spec.analysis_strip)
             # the top level's LL subband adds the coarse output parked in its place
-            add_coarse = early_coarse and j == L
+            add_coarse = spec.coarse and j == L
             if Qj:
                 _emit_tile_strips(e, spec, geo, j, Qj, add_coarse)
             else:
@@ -915,8 +900,6 @@ def tile_kernel_source(spec: TileSpec) -> str:
                 e("cuda.syncthreads()")
         if geo.inner:
             _emit_inner_levels(e, spec, geo)
-        if spec.late_coarse:
-            _emit_late_coarse(e, spec, geo)
         for j in range(L, 1, -1):
             _emit_tile_synthesis(e, spec, geo, j)
             e("cuda.syncthreads()")
@@ -1261,20 +1244,6 @@ def _emit_coarse_stores(e: _Emitter, spec: TileSpec, geo: TileGeometry) -> None:
     L, NT = spec.levels, spec.threads
     n = spec.tile >> L
     _emit_round_stores(e, n * n, NT, lambda r: f"S[{geo.z[L - 1]} + tid + {r * NT}] = cv{r}")
-
-
-def _emit_late_coarse(e: _Emitter, spec: TileSpec, geo: TileGeometry) -> None:
-    """``TileSpec.late_coarse``: wait for the grids ahead, let the dependents be scheduled,
-    then add the coarse output to level ``L``'s convolved LL sums (``acc + coarse``, as
-    :func:`_emit_coarse_stores` and the strips do it early), and a barrier."""
-    L, NT = spec.levels, spec.threads
-    n = spec.tile >> L
-    e("# the coarse problem's output: wait for it here, after every convolution",
-      f"{grid_dependency.WAIT}()", f"{grid_dependency.TRIGGER}()")
-    _emit_coarse_loads(e, spec)
-    _emit_round_stores(e, n * n, NT, lambda r: (
-        f"S[{geo.z[L - 1]} + tid + {r * NT}] = S[{geo.z[L - 1]} + tid + {r * NT}] + cv{r}"))
-    e("cuda.syncthreads()")
 
 
 def _emit_inner_blocks(e: _Emitter, spec: TileSpec, geo: TileGeometry, i: int) -> None:
