@@ -158,7 +158,13 @@ phases=("$@")
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv
   python3 -c "import numpy, numba, cupy, torch; from importlib.metadata import version as v; print('numpy', numpy.__version__, 'numba', numba.__version__, 'numba-cuda', v('numba-cuda'), 'cupy', cupy.__version__, 'torch', torch.__version__)"
-  git rev-parse HEAD 2>/dev/null || true
+  # The device may copy the working tree beside an older .git: name the HEAD and what
+  # the tree changes against it (a tree later than the HEAD shows as changed paths).
+  if git rev-parse HEAD >/dev/null 2>&1; then
+    git rev-parse HEAD
+    echo "tracked paths that differ from it: $(git status --porcelain --untracked-files=no | wc -l)"
+    git status --porcelain --untracked-files=no | head -n 20
+  fi
 } 2>&1 | tee "$OUT/env.log"
 
 run_kernels() {
