@@ -160,10 +160,10 @@ phases=("$@")
   python3 -c "import numpy, numba, cupy, torch; from importlib.metadata import version as v; print('numpy', numpy.__version__, 'numba', numba.__version__, 'numba-cuda', v('numba-cuda'), 'cupy', cupy.__version__, 'torch', torch.__version__)"
   # The device may copy the working tree beside an older .git: name the HEAD and what
   # the tree changes against it (a tree later than the HEAD shows as changed paths).
-  if git rev-parse HEAD >/dev/null 2>&1; then
-    git rev-parse HEAD
-    echo "tracked paths that differ from it: $(git status --porcelain --untracked-files=no | wc -l)"
-    git status --porcelain --untracked-files=no | head -n 20
+  if git rev-parse HEAD 2>/dev/null; then
+    changed=$(git status --porcelain --untracked-files=no)
+    echo "tracked paths that differ from it: $(grep -c . <<<"$changed")"
+    [ -n "$changed" ] && head -n 20 <<<"$changed"
   fi
 } 2>&1 | tee "$OUT/env.log"
 
