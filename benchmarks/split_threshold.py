@@ -27,6 +27,13 @@ It also prints which launches each setting plans. Inputs are random normal
         --shapes 28x384x14x14:3 32x384x14x14:3 64x192x14x14:3 64x384x14x14:3
     python benchmarks/split_threshold.py --rule inner=1,min_pixels=0 \\
         --shapes 64x384x14x14:3 32x384x14x14:3
+    python benchmarks/split_threshold.py --edge 32 --max-read 4.5 --rule level=3 \\
+        --shapes 64x192x28x28:4
+
+``--max-read`` sets ``launch.TILE_MAX_READ`` for every setting: the small-plane rule
+checks a split level's halo against it, though its tiles cover their plane (at 32
+pixels, ``K`` 5, level 3 reads 4.0 by that count and would fall back to the plane
+kernel).
 """
 
 from __future__ import annotations
@@ -171,8 +178,13 @@ def main(argv=None) -> int:
     parser.add_argument("--rule", action="append", default=[],
                         help="fields replaced, e.g. inner=1,min_pixels=0 (repeatable)")
     parser.add_argument("--min-pixels", type=int, help="shorthand of --rule min_pixels=N")
+    parser.add_argument("--max-read", type=float,
+                        help="launch.TILE_MAX_READ for every setting (a rule's deeper split "
+                             "level is refused above it and falls back to the plane kernel)")
     add_common_options(parser)
     args = parser.parse_args(argv)
+    if args.max_read is not None:
+        launch.TILE_MAX_READ = args.max_read
 
     current = launch.SPLIT_SMALL_TILES[args.edge]
     texts = args.rule + ([f"min_pixels={args.min_pixels}"] if args.min_pixels is not None else [])

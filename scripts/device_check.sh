@@ -108,6 +108,11 @@
 #              (Tuning.tile_planes): its GPU tests, then tile_bench.py at 64x192x28x28, L4,
 #              split at 2, with 1, 2, 4, 8 and 16 planes a block ($TILEPLANES_VARIANTS:
 #              tile_bench variants)                                  (~3 min cold)
+#   splitrule  benchmarks/split_threshold.py $SPLITRULE_ARGS: a small-plane split rule
+#              against its replacements through the CuPy path (forward and training step,
+#              each setting's y and dx checked against the current rule's); default: the
+#              28 x 28 rule split at level 3 (4 x 4 coarse planes) and at 3 with the
+#              coarse level in the tile, fp32 and bf16                (~2 min warm)
 #   stageprofile the same for the split forward's tile kernel at the ConvNeXt-T stages
 #              28 (L4) and 56 (L5), fp32, plus ncu's pipe utilisation: is it bound by
 #              issue, by latency or by shared-memory instructions? ($STAGEPROFILE_SHAPES:
@@ -666,6 +671,15 @@ run_fwdhost() {
   return $rc
 }
 
+run_splitrule() {
+  local args=${SPLITRULE_ARGS:-"--edge 32 --max-read 4.5 --rule level=3 --rule level=3,planes=1,inner=1 --shapes 64x192x28x28:4 --dtypes fp32 bf16"}
+  echo "== small-plane split rule A/B (benchmarks/split_threshold.py $args)"
+  # shellcheck disable=SC2086  # args is a list of options
+  timeout "${SPLITRULE_TIMEOUT:-300}" python3 benchmarks/split_threshold.py $args \
+    --jobs "$(nproc)" --json "$OUT/splitrule.json" 2>&1 | tee "$OUT/splitrule.log"
+  return "${PIPESTATUS[0]}"
+}
+
 run_tiledtypes() {
   # The paper grid's forward is one tile kernel (L 3) or a coarse pass and two (L 5): 16-bit
   # storage halves its bytes but took 0.450 against 0.340 ms (fp32) at 8x64x256x256, L3
@@ -812,7 +826,7 @@ print(*sorted({f"{h}x{w}:{lv}" for _, _, h, w, lv, _ in CONFIGS}))')
 
 for phase in "${phases[@]}"; do
   case "$phase" in
-    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|hoststate|pdl|fwdhost|torchstep|stepprofile|tiles|tileplanes|blockedw|streams|shallowsplit|splitchunks|tileprofile|stageprofile|split|registers|ab|bwdprofile|hotspots|tilehotspots|lanes|lanehotspots|tiledtypes)
+    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|hoststate|pdl|fwdhost|torchstep|stepprofile|tiles|tileplanes|blockedw|streams|shallowsplit|splitchunks|tileprofile|stageprofile|split|registers|ab|bwdprofile|hotspots|tilehotspots|lanes|lanehotspots|tiledtypes|splitrule)
       "run_$phase" || status=1 ;;
     *) echo "unknown phase: $phase"; status=2 ;;
   esac
