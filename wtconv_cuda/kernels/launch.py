@@ -768,6 +768,12 @@ class SmallTileSplit(NamedTuple):
 #: and sixteen planes a block: fp32 0.129, 0.130, 0.125, 0.130, 0.142 ms; four against
 #: one in bf16 0.127-0.128 against 0.128-0.129 ms
 #: (``benchmarks/results/h100-2026-12-05e/tileplanes/``).
+#: Split at level 3 instead (``benchmarks/split_threshold.py --edge 32 --max-read 4.5``;
+#: H100, back to back, forward / training step in us): fp32 126.2 / 433 -> 143.6 / 464
+#: with a 4 x 4 coarse problem, 124.6 / 427 with level 4 inside one-plane tiles (one
+#: launch); bf16 128.1 / 471 -> 154.3 / 491 and 135.9 / 469. The 56 x 56 rule split at
+#: 3 likewise lost (fp32 194.2 / 681 -> 202.9 / 700;
+#: ``benchmarks/results/h100-2026-12-06i/splitrule/``).
 #:
 #: The inner levels (``inner``, :func:`inner_tiles`): on an H200, fp32, K 5, the
 #: split forward -> one launch with the coarse levels in the tile's block
