@@ -292,6 +292,7 @@ def test_tile_planes_match_one_plane_a_block(planes, storage):
     ((2, 4, 257, 300), 3, 5, 64, 2, DTYPES),  # whole tiles would take it
     ((2, 4, 257, 300), 4, 3, 64, 2, DTYPES),  # likewise at K 3
     ((32, 48, 28, 28), 4, 5, 32, 2, ()),
+    ((32, 48, 28, 28), 4, 7, 32, 2, ()),  # a whole plane's halos: 1.9 reads at K 7
     ((64, 384, 14, 14), 3, 5, 16, 1, ())])
 def test_split_is_the_default_for_deep_levels(shape, levels, k, tile, split, backward_splits,
                                               storage):

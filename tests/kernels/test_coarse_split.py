@@ -270,11 +270,15 @@ def test_planner_splits_convnext_stages_with_one_tile_per_plane():
     for problem in [Problem(64, 96, 56, 56, 5, 5, 1, "float32", True),
                     Problem(64, 192, 28, 28, 5, 4, 1, "bfloat16", True)]:
         assert plan_split(problem, LIMIT, SPLIT, backward=True) is None
-    # K 9: a 56 tile's halo reads 2.5x its pixels, the 64 tile's 2.25x
-    plan = plan_split(Problem(64, 96, 56, 56, 9, 5, 1, "float32", True), LIMIT, SPLIT)
-    assert plan.split == 2 and plan.tiles.spec.tile == 64
-    plan = plan_split(Problem(64, 96, 56, 56, 7, 5, 1, "float32", True), LIMIT, SPLIT)
-    assert plan.split == 2 and plan.tiles.spec.tile == 56
+    # K 7 and 9: the halo of a tile over its whole plane is 2P wide on every grid, so
+    # the fitted 56 tile stays (1.65 pixels a pixel at K 9; 2.47 with the halos of a
+    # tile inside a plane), and the 32 tile at 28 x 28 reads 1.9 at K 7; the 28 x 28
+    # rule stops at K 7 (max_kernel_size: its tile spills at K 9 and lost there)
+    for k in (7, 9):
+        plan = plan_split(Problem(64, 96, 56, 56, k, 5, 1, "float32", True), LIMIT, SPLIT)
+        assert plan.split == 2 and plan.tiles.spec.tile == 56
+    plan = plan_split(Problem(64, 192, 28, 28, 7, 4, 1, "float32", True), LIMIT, SPLIT)
+    assert plan.split == 2 and plan.tiles.spec.tile == 32 and plan.tiles.ntiles == 1
     for problem in [Problem(64, 192, 28, 28, 5, 3, 1, "float32", True),  # L 3 on a 32 tile
                     Problem(64, 384, 14, 14, 5, 2, 1, "float32", True),  # L 2 on a 16 tile
                     Problem(64, 768, 7, 7, 5, 2, 1, "float32", True),
@@ -282,7 +286,7 @@ def test_planner_splits_convnext_stages_with_one_tile_per_plane():
                     Problem(1, 8, 56, 56, 5, 5, 1, "float32", True),  # too small a problem
                     Problem(512, 8, 8, 8, 3, 4, 1, "float32", True),  # no rule for 8 tiles
                     Problem(64, 384, 14, 14, 7, 3, 1, "float32", True),  # halo: 3.1 reads
-                    Problem(64, 192, 28, 28, 7, 4, 1, "float32", True),  # halo: 3.1 reads
+                    Problem(64, 192, 28, 28, 9, 4, 1, "float32", True),  # max_kernel_size
                     Problem(64, 96, 56, 56, 5, 5, 1, "float32", True)._replace(stride=2)]:
         assert plan_split(problem, LIMIT, SPLIT) is None, problem
     assert plan_split(Problem(64, 96, 56, 56, 5, 5, 1, "float32", True), LIMIT,

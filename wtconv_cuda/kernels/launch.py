@@ -709,6 +709,8 @@ class SmallTileSplit(NamedTuple):
     planes : int
         Planes of one channel a tile's block runs (``TileSpec.planes``; 0:
         `TILE_PLANES`), where ``B`` is a multiple of it.
+    max_kernel_size : int
+        Largest ``K`` the rule splits (0: any that its halo check passes).
     """
 
     level: int
@@ -721,6 +723,7 @@ class SmallTileSplit(NamedTuple):
     inner_max_pixels: int = 0
     max_registers: int = 0
     planes: int = 0
+    max_kernel_size: int = 0
 
 
 #: Planes no larger than a tile split their forward by default, with one tile
@@ -775,6 +778,18 @@ class SmallTileSplit(NamedTuple):
 #: 3 likewise lost (fp32 194.2 / 681 -> 202.9 / 700;
 #: ``benchmarks/results/h100-2026-12-06i/splitrule/``).
 #:
+#: The halo check reads the geometry of a tile over its whole plane, whose halos hold
+#: zeros and are never loaded: the 28 x 28 rule's 32 tile reads 1.9 pixels a pixel at
+#: K 7 (3.1 by the halos of a tile inside a plane, which refused it), and the 56 x 56
+#: rule's fitted tile 1.65 at K 9 (2.47: it fell back to the 64 tile). H100, back to
+#: back, forward / training step in us (``benchmarks/results/h100-2026-12-07/``):
+#: 64 x 192 x 28 x 28, L 4, K 7, plane kernel -> split: fp32 364 / 966 -> 222 / 700,
+#: bf16 370 / 992 -> 220 / 738. At K 9 the split lost, fp32 490 / 1274 -> 683 / 1707,
+#: hence ``max_kernel_size``: at the 120-register cap ptxas (13.5) spills 444 B a thread
+#: of this tile at K 7, 916 B at K 9 and none at K 5. 64 x 96 x 56 x 56, L 5, K 9,
+#: 64 tile -> fitted 56 tile, the same bits: fp32 455 / 1501 -> 436 / 1466, bf16 475 /
+#: 1675 -> 449 / 1628.
+#:
 #: The inner levels (``inner``, :func:`inner_tiles`): on an H200, fp32, K 5, the
 #: split forward -> one launch with the coarse levels in the tile's block
 #: (``benchmarks/split_stages.py``): 64 x 96 x 56 x 56, L 5: 246.3 -> 227.5 us;
@@ -791,7 +806,8 @@ class SmallTileSplit(NamedTuple):
 #: -> 89.3, 64 x 384 77.3 -> 100.7. fp16 alike.
 SPLIT_SMALL_TILES = {16: SmallTileSplit(1, 3, 32, 2, min_pixels=1 << 22, inner=True,
                                         inner_max_pixels=1 << 22),
-                     32: SmallTileSplit(2, 4, 32, max_registers=120, planes=4),
+                     32: SmallTileSplit(2, 4, 32, max_registers=120, planes=4,
+                                        max_kernel_size=7),
                      64: SmallTileSplit(2, 4, fit=8, inner=True)}
 #: ... where the tile wastes at most this fraction of its pixels ...
 SPLIT_MAX_WASTE = 1.35
@@ -1626,6 +1642,8 @@ def _small_plane_tiles(p: Problem, shared_limit: int, tuning: Tuning, backward: 
     rule = SPLIT_SMALL_TILES.get(edge)
     if rule is None or p.levels < rule.min_levels or (inner and not rule.inner):
         return None
+    if rule.max_kernel_size and p.kernel_size > rule.max_kernel_size:
+        return None
     pixels = p.batch * p.channels * p.height * p.width
     if pixels < (SPLIT_MIN_PIXELS if inner else (rule.min_pixels or SPLIT_MIN_PIXELS)):
         return None
@@ -1637,11 +1655,13 @@ def _small_plane_tiles(p: Problem, shared_limit: int, tuning: Tuning, backward: 
     max_registers = tuning.max_registers or rule.max_registers or None
     planes = tuning.tile_planes or rule.planes or None
     fitted = -(-max(p.height, p.width) // rule.fit) * rule.fit if rule.fit else edge
-    # a fitted tile whose halo reads too much falls back to the power of two
+    # a fitted tile whose halo reads too much falls back to the power of two; the tile
+    # covers its plane, so its halos are a whole plane's (zeros, never loaded)
     for tile in dict.fromkeys([fitted, edge]):
         if tile * tile > SPLIT_MAX_WASTE * p.height * p.width:
             continue
-        if tile_geometry(p.kernel_size, c, tile).read_amplification > TILE_MAX_READ:
+        geometry = tile_geometry(p.kernel_size, c, tile, whole_plane=True)
+        if geometry.read_amplification > TILE_MAX_READ:
             continue
         fine = whole_tiles(p._replace(levels=c), shared_limit,
                           tuning._replace(tiles=True, tile=tile, threads=threads, strip=strip,
