@@ -3,7 +3,7 @@
 A device call's time limit can cut ``tests/gpu/test_gpu_kernels.py`` short.
 The sweep's ``pytest -v`` logs name every case that finished; this script
 collects the sweep's cases for the given kernel sizes (on any machine: where
-CuPy is missing, collection runs with an empty stand-in ``cupy`` package) and
+CuPy or ml_dtypes is missing, collection runs with empty stand-in packages) and
 prints, one per line, the ids that no log reports as PASSED or SKIPPED (failed
 and errored cases are listed again, so a rerun repeats them).
 
@@ -45,13 +45,21 @@ def left(collected: list, logs: list) -> list:
     return [node for node in collected if node not in done]
 
 
+#: Empty stand-ins for the GPU test module's imports where they are missing: collection
+#: only needs the names (the module reads ``ml_dtypes.bfloat16`` at import).
+_STAND_INS = {"cupy": "", "ml_dtypes": "bfloat16 = None\n"}
+
+
 def collect(ks: str) -> list:
     """The sweep's node ids (after ``::``) for the kernel sizes ``ks`` (e.g. ``"7,9"``)."""
     env = dict(os.environ, WTCONV_TEST_GPU="1", WTCONV_TEST_KS=ks)
     with tempfile.TemporaryDirectory() as stand_in:
-        if importlib.util.find_spec("cupy") is None:
-            (Path(stand_in) / "cupy").mkdir()
-            (Path(stand_in) / "cupy" / "__init__.py").write_text("")
+        missing = {name: body for name, body in _STAND_INS.items()
+                   if importlib.util.find_spec(name) is None}
+        for name, body in missing.items():
+            (Path(stand_in) / name).mkdir()
+            (Path(stand_in) / name / "__init__.py").write_text(body)
+        if missing:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, (stand_in,
                                                               env.get("PYTHONPATH"))))
         out = subprocess.run(

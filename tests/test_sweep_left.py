@@ -33,3 +33,10 @@ def test_left_keeps_the_collection_order_and_the_failures():
     assert sweep_left.left(collected, [LOG]) == ["test_without_bias[shape0]",
                                                  "test_without_bias[shape1]"]
     assert sweep_left.left(collected, []) == collected
+
+
+def test_collect_lists_the_sweep_of_the_given_kernel_size_on_a_cpu_machine():
+    ids = sweep_left.collect("5")
+    oracle = [node for node in ids if node.startswith("test_matches_oracle[")]
+    assert oracle and all("-K5-" in node for node in oracle)
+    assert len(ids) == len(set(ids))
