@@ -29,6 +29,11 @@ It also prints which launches each setting plans. Inputs are random normal
         --shapes 64x384x14x14:3 32x384x14x14:3
     python benchmarks/split_threshold.py --edge 32 --max-read 4.5 --rule level=3 \\
         --shapes 64x192x28x28:4
+    python benchmarks/split_threshold.py --edge 32 --kernel-size 7 \\
+        --rule max_registers_k7=152 --shapes 64x192x28x28:4
+
+(From ``K`` 7 up the 28 x 28 rule's register cap is ``max_registers_k7``, not
+``max_registers``.)
 
 ``--max-read`` sets ``launch.TILE_MAX_READ`` for every setting: the small-plane rule
 checks a split level's halo against it, though its tiles cover their plane (at 32

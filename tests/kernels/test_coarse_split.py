@@ -489,6 +489,19 @@ def test_small_tile_rule_caps_the_registers(monkeypatch, request):
     assert plan_tiles(stage, LIMIT, Tuning(max_registers=72)).spec.max_registers == 72
 
 
+def test_28_rule_caps_the_registers_by_kernel_size():
+    """The 28 x 28 rule's tile is capped at 120 registers up to K 5 and at 168 at K 7
+    (SmallTileSplit.max_registers_k7); a Tuning cap still overrides both."""
+    rule = launch.SPLIT_SMALL_TILES[32]
+    assert [rule.register_cap(k) for k in (3, 5, 7, 9)] == [120, 120, 168, 168]
+    assert rule._replace(max_registers_k7=0).register_cap(7) == 120
+    for k, cap in ((3, 120), (5, 120), (7, 168)):
+        stage = Problem(64, 192, 28, 28, k, 4, 1, "float32", True)
+        assert plan_split(stage, LIMIT).tiles.spec.max_registers == cap, k
+        forced = plan_split(stage, LIMIT, Tuning(max_registers=96))
+        assert forced.tiles.spec.max_registers == 96, k
+
+
 def test_inner_geometry_reuses_the_dead_grid():
     """At 56 x 56 (tile 56, split 2, three inner levels) only the first inner grid takes
     new space: the taps, deeper grids and subbands fit in grid 1, dead by then."""

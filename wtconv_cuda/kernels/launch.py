@@ -706,6 +706,8 @@ class SmallTileSplit(NamedTuple):
         (0: none do).
     max_registers : int
         Register cap of the tile (0: `REGISTER_CAP`).
+    max_registers_k7 : int
+        Register cap of the tile from ``K`` 7 up (0: ``max_registers``).
     planes : int
         Planes of one channel a tile's block runs (``TileSpec.planes``; 0:
         `TILE_PLANES`), where ``B`` is a multiple of it.
@@ -722,8 +724,15 @@ class SmallTileSplit(NamedTuple):
     inner: bool = False
     inner_max_pixels: int = 0
     max_registers: int = 0
+    max_registers_k7: int = 0
     planes: int = 0
     max_kernel_size: int = 0
+
+    def register_cap(self, kernel_size: int) -> int:
+        """The tile's register cap at ``kernel_size`` (0: `REGISTER_CAP`)."""
+        if kernel_size >= 7 and self.max_registers_k7:
+            return self.max_registers_k7
+        return self.max_registers
 
 
 #: Planes no larger than a tile split their forward by default, with one tile
@@ -786,7 +795,14 @@ class SmallTileSplit(NamedTuple):
 #: 64 x 192 x 28 x 28, L 4, K 7, plane kernel -> split: fp32 364 / 966 -> 222 / 700,
 #: bf16 370 / 992 -> 220 / 738. At K 9 the split lost, fp32 490 / 1274 -> 683 / 1707,
 #: hence ``max_kernel_size``: at the 120-register cap ptxas (13.5) spills 444 B a thread
-#: of this tile at K 7, 916 B at K 9 and none at K 5. 64 x 96 x 56 x 56, L 5, K 9,
+#: of this tile at K 7, 916 B at K 9 and none at K 5. At K 7 it is capped at 168
+#: (``max_registers_k7``; ptxas 13.0 spills 40 B there, and three blocks fit an SM): H100,
+#: back to back, medians of three rounds, the same bits, forward / training step in us,
+#: caps 120 (the K 5 cap), 152, 168, 184: fp32 223.1 / 700.4, 216.8 / 694.1, 212.5 /
+#: 684.7, 219.7 / 708.7; bf16 219.2 / 738.5, 221.1 / 742.1, 216.3 / 734.0, 228.0 /
+#: 755.3. In an earlier call, caps 120, 168, 255: fp32 222.7 / 699.5, 212.3 / 683.8,
+#: 219.5 / 702.7; bf16 218.5 / 738.8, 216.9 / 733.8, 229.0 / 757.2
+#: (``benchmarks/results/h100-2026-12-07c/``). 64 x 96 x 56 x 56, L 5, K 9,
 #: 64 tile -> fitted 56 tile, the same bits: fp32 455 / 1501 -> 436 / 1466, bf16 475 /
 #: 1675 -> 449 / 1628.
 #:
@@ -806,8 +822,8 @@ class SmallTileSplit(NamedTuple):
 #: -> 89.3, 64 x 384 77.3 -> 100.7. fp16 alike.
 SPLIT_SMALL_TILES = {16: SmallTileSplit(1, 3, 32, 2, min_pixels=1 << 22, inner=True,
                                         inner_max_pixels=1 << 22),
-                     32: SmallTileSplit(2, 4, 32, max_registers=120, planes=4,
-                                        max_kernel_size=7),
+                     32: SmallTileSplit(2, 4, 32, max_registers=120, max_registers_k7=168,
+                                        planes=4, max_kernel_size=7),
                      64: SmallTileSplit(2, 4, fit=8, inner=True)}
 #: ... where the tile wastes at most this fraction of its pixels ...
 SPLIT_MAX_WASTE = 1.35
@@ -1652,7 +1668,7 @@ def _small_plane_tiles(p: Problem, shared_limit: int, tuning: Tuning, backward: 
     c = min(p.levels - 1, rule.level)
     threads = tuning.threads or rule.threads or None
     strip = tuning.strip or rule.strip or None
-    max_registers = tuning.max_registers or rule.max_registers or None
+    max_registers = tuning.max_registers or rule.register_cap(p.kernel_size) or None
     planes = tuning.tile_planes or rule.planes or None
     fitted = -(-max(p.height, p.width) // rule.fit) * rule.fit if rule.fit else edge
     # a fitted tile whose halo reads too much falls back to the power of two; the tile
