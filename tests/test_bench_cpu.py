@@ -335,7 +335,8 @@ def fake_report():
             "host_overhead": {"shape": [1, 8, 16, 16], "levels": 3, "calls": 500,
                               "us": {"ours": {"forward_us": 44.0, "training_us": 140.0},
                                      "cupy": {"forward_us": 30.0, "training_us": 95.5,
-                                              "training_queued_us": 61.25},
+                                              "training_queued_us": 61.25,
+                                              "training_rounds_us": [95.5, 60.25, 104.0]},
                                      "dw7": {"error": "RuntimeError: boom"}}},
             "rows": [fake_row(), fake_row(dtype="float16"),
                      fake_row("8x128x512x512 L5", skipped=True)]}
@@ -353,7 +354,13 @@ def test_render_report():
     assert "61.2" in text and "step queued us" in text  # a row without the queued time reads "-"
     host_rows = {line.split()[0]: line.split() for line in text.splitlines()[-6:]
                  if line.startswith(("ours", "cupy"))}
-    assert host_rows["ours"][-1] == "-" and host_rows["cupy"][-1] == "61.2"
+    # rows without rounds (runs before 2026-12-07) read "-"; with them, their range
+    assert host_rows["ours"][-2:] == ["-", "-"]
+    assert host_rows["cupy"][-2:] == ["61.2", "60.2-104.0"]
+    assert "500 calls)" in text
+    rounds = fake_report()
+    rounds["host_overhead"]["rounds"] = 3
+    assert "500 calls, median of 3 rounds)" in report.render_report(rounds)
 
 
 def test_exit_status():
@@ -409,11 +416,15 @@ def test_measure_config_on_cpu_tensors():
     assert row["roofline"]["inference"]["ours"] > 0
     json.dumps(row)  # JSON-ready
 
-    overhead = measure.host_overhead(runtime, opts, materialising)
+    overhead = measure.host_overhead(runtime, opts._replace(host_rounds=3), materialising)
     assert set(overhead["us"]) == {"ours", "materialising", "dw7"}
-    ours = overhead["us"]["ours"]
-    assert ours["training_us"] >= ours["training_queued_us"] > 0
-    assert ours["forward_us"] >= ours["forward_queued_us"] > 0
+    assert overhead["rounds"] == 3 and overhead["calls"] == 2
+    for entry in overhead["us"].values():
+        for mode in ("forward", "training"):
+            measured = entry[f"{mode}_rounds_us"]
+            assert len(measured) == 3 and min(measured) > 0
+            assert entry[f"{mode}_us"] == sorted(measured)[1]  # the median round
+            assert entry[f"{mode}_us"] >= entry[f"{mode}_queued_us"] > 0
 
     assert measure.copy_bandwidth(runtime, nbytes=1 << 16, repeats=2) > 0
     assert runtime.name == "cpu" and runtime.peak_bytes(lambda: 1) is None

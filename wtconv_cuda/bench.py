@@ -174,7 +174,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="compile processes (default: all cores)")
     parser.add_argument("--host-calls", type=int, default=None,
-                        help="calls per host-overhead measurement (default 500; 100 with "
+                        help="calls per host-overhead loop (default 500; 100 with --quick)")
+    parser.add_argument("--host-rounds", type=int, default=None,
+                        help="host-overhead loops per implementation and mode, "
+                             "interleaved; the row is their median (default 5; 3 with "
                              "--quick)")
     parser.add_argument("--device", default="cuda", help="CUDA device (default cuda)")
     parser.add_argument("--from-json", default=None, metavar="PATH",
@@ -350,8 +353,9 @@ def _gpu_main(args, torch) -> int:
     work = ordered_work(configs, dtypes)
     repeats = args.repeats or (10 if args.quick else 30)
     host_calls = args.host_calls or (100 if args.quick else 500)
+    host_rounds = args.host_rounds or (3 if args.quick else 5)
     opts = MeasureOptions(repeats=repeats, warmup=args.warmup, rotations=3, seed=0,
-                          host_calls=host_calls)
+                          host_calls=host_calls, host_rounds=host_rounds)
     json_path = Path(args.json) if args.json else default_json_path(args.out, runtime.name)
     png_path = json_path.with_suffix(".png")
 
@@ -389,7 +393,8 @@ def _gpu_main(args, torch) -> int:
                      "cudnn_allow_tf32": _setting(lambda: torch.backends.cudnn.allow_tf32)},
         "options": {"shapes": args.shapes, "quick": args.quick, "dtypes": dtypes,
                     "repeats": repeats, "warmup": args.warmup, "rotations": opts.rotations,
-                    "host_calls": host_calls, "time_budget_s": guard.budget_s},
+                    "host_calls": host_calls, "host_rounds": host_rounds,
+                    "time_budget_s": guard.budget_s},
         "implementations": LABELS,
         "materialising": origin if materialising is not None else None,
         "complete": False,

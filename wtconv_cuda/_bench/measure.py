@@ -19,6 +19,7 @@ Implementations compared (keys of every result dict):
 from __future__ import annotations
 
 import gc
+import statistics
 import time
 import traceback
 from typing import Any, Callable, NamedTuple
@@ -88,7 +89,10 @@ class MeasureOptions(NamedTuple):
     seed : int
         Seed of the inputs and parameters.
     host_calls : int
-        Calls per host-overhead measurement.
+        Calls per host-overhead loop.
+    host_rounds : int
+        Host-overhead loops per implementation and mode, interleaved across the
+        implementations; the host row reports their median.
     """
 
     repeats: int = 30
@@ -96,6 +100,7 @@ class MeasureOptions(NamedTuple):
     rotations: int = 3
     seed: int = 0
     host_calls: int = 500
+    host_rounds: int = 5
 
 
 class Runtime:
@@ -424,44 +429,72 @@ def _error_text(exc: BaseException) -> str:
 def host_overhead(runtime: Runtime, opts: MeasureOptions, materialising=None, cupy=None) -> dict:
     """End-to-end microseconds per call at the tiny :data:`HOST_CONFIG` (float32).
 
+    Each implementation's forward and training step run ``opts.host_rounds``
+    loops of ``opts.host_calls`` calls. The rounds go through every
+    implementation in turn, so a drift of the host's speed reaches them
+    alike, and the collector runs before each loop, so none pays for the
+    garbage of the loop before it. A loop's time can vary 1.7x between
+    rounds of one process (``benchmarks/NOTES.md``, fifty-second session):
+    the row reports the median of the rounds, and the JSON keeps every round.
+
     Parameters
     ----------
     runtime : Runtime
     opts : MeasureOptions
-        ``host_calls`` calls per measurement.
+        ``host_calls`` calls per loop, ``host_rounds`` loops per measurement.
     materialising : type, optional
     cupy : module, optional
 
     Returns
     -------
     dict
-        ``shape``, ``levels``, ``calls`` and per implementation
+        ``shape``, ``levels``, ``calls``, ``rounds`` and per implementation
         ``{"forward_us": ..., "training_us": ..., "forward_queued_us": ...,
-        "training_queued_us": ...}`` (or ``{"error": ...}``): ``*_us`` until
-        the device finished the loop, ``*_queued_us`` until its last call
-        returned (see :class:`~wtconv_cuda._bench.core.HostTime`; where the
-        two differ, the device set the pace).
+        "training_queued_us": ..., "forward_rounds_us": [...],
+        "training_rounds_us": [...]}`` (or ``{"error": ...}``): ``*_us`` the
+        median over rounds of the time until the device finished a loop,
+        ``*_queued_us`` until its last call returned (see
+        :class:`~wtconv_cuda._bench.core.HostTime`; where the two differ, the
+        device set the pace), ``*_rounds_us`` each round's ``*_us``.
     """
     cfg = HOST_CONFIG
+    rounds = max(1, opts.host_rounds)
     result = {"shape": list(cfg.shape), "levels": cfg.levels, "kernel_size": cfg.kernel_size,
-              "dtype": "float32", "calls": opts.host_calls, "us": {}}
+              "dtype": "float32", "calls": opts.host_calls, "rounds": rounds, "us": {}}
     impls = build_implementations(cfg, "float32", runtime, materialising, cupy, opts.seed)
     xs, dys = make_inputs(cfg, "float32", runtime, 1, opts.seed)
+    loops, errors = {}, {}
     for name, impl in impls.items():
-        entry = {}
         try:
             x = impl.prepare(xs[0])
-            calls = [("forward", impl.forward, (x,))]
+            loops[name] = [("forward", impl.forward, (x,))]
             if impl.train is not None:
-                calls.append(("training", impl.train, (x, impl.prepare(dys[0]))))
-            for mode, fn, args in calls:
-                times = host_times_per_call(fn, args, opts.host_calls, sync=runtime.synchronize)
-                entry[f"{mode}_us"] = times.wall_us
-                entry[f"{mode}_queued_us"] = times.queued_us
+                loops[name].append(("training", impl.train, (x, impl.prepare(dys[0]))))
         except Exception as exc:  # one failing path must not hide the others
-            entry = {"error": _error_text(exc)}
+            errors[name] = _error_text(exc)
+    times = {name: {} for name in loops}
+    for _ in range(rounds):
+        for name, calls in loops.items():
+            if name in errors:
+                continue
+            try:
+                for mode, fn, args in calls:
+                    gc.collect()
+                    times[name].setdefault(mode, []).append(
+                        host_times_per_call(fn, args, opts.host_calls, sync=runtime.synchronize))
+            except Exception as exc:
+                errors[name] = _error_text(exc)
+    for name in impls:
+        if name in errors:
+            result["us"][name] = {"error": errors[name]}
+            continue
+        entry = {}
+        for mode, measured in times[name].items():
+            entry[f"{mode}_us"] = statistics.median(t.wall_us for t in measured)
+            entry[f"{mode}_queued_us"] = statistics.median(t.queued_us for t in measured)
+            entry[f"{mode}_rounds_us"] = [t.wall_us for t in measured]
         result["us"][name] = entry
-    del impls, xs, dys
+    del impls, xs, dys, loops
     runtime.release()
     return result
 

@@ -152,7 +152,9 @@ def host_table(overhead: dict) -> str:
     The forward and the training step until the device finished the loop,
     and the step until its last call returned ("queued"; absent from runs
     before 2026-12-06: "-"). Where the two step times differ, the device
-    set the pace, not the host.
+    set the pace, not the host. Each is the median over rounds where the run
+    had several, and "step rounds" gives the rounds' range ("-" before
+    2026-12-07).
 
     Parameters
     ----------
@@ -170,12 +172,14 @@ def host_table(overhead: dict) -> str:
 
     for name, entry in overhead.get("us", {}).items():
         if "error" in entry:
-            body.append([name, "error", entry["error"][:60], ""])
+            body.append([name, "error", entry["error"][:60], "", ""])
             continue
+        spread = entry.get("training_rounds_us") or []
         body.append([name, cell(entry.get("forward_us")), cell(entry.get("training_us")),
-                     cell(entry.get("training_queued_us"))])
+                     cell(entry.get("training_queued_us")),
+                     f"{min(spread):.1f}-{max(spread):.1f}" if spread else "-"])
     return format_table(["implementation", "forward us", "training step us",
-                         "step queued us"], body)
+                         "step queued us", "step rounds us"], body)
 
 
 def render_report(report: dict) -> str:
@@ -205,8 +209,11 @@ def render_report(report: dict) -> str:
     overhead = report.get("host_overhead")
     if overhead:
         shape = "x".join(str(v) for v in overhead["shape"])
+        rounds = overhead.get("rounds", 1)
         lines += ["", f"Host overhead per call, end to end ({shape}, L{overhead['levels']}, "
-                      f"{overhead['calls']} calls)", host_table(overhead)]
+                      f"{overhead['calls']} calls"
+                      + (f", median of {rounds} rounds)" if rounds > 1 else ")"),
+                  host_table(overhead)]
     errors = [(row["label"], row["dtype"], key, text) for row in rows
               for key, text in (row.get("errors") or {}).items() if not key.endswith("_trace")]
     if errors:
