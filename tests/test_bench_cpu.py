@@ -452,6 +452,12 @@ def test_measure_config_records_failures_and_goes_on():
     assert "check" in row["errors"]
     assert row["inference_ms"]["ours"] > 0 and "materialising" not in row["inference_ms"]
     assert bench._exit_status({"rows": [row]}) == 0
+    # the host row: the failing implementation's entry is its error, the others' rounds go on
+    overhead = measure.host_overhead(runtime, opts._replace(host_calls=2, host_rounds=2), Broken)
+    assert overhead["us"]["materialising"] == {
+        "error": "RuntimeError: out of memory (simulated)"}
+    assert len(overhead["us"]["ours"]["training_rounds_us"]) == 2
+    assert len(overhead["us"]["dw7"]["forward_rounds_us"]) == 2
 
 
 def test_gpu_orchestration_dry_run_on_cpu_tensors(monkeypatch, tmp_path, capsys):
