@@ -216,7 +216,9 @@ run_kernels() {
     tail -n 1 "$log"
   done
   if [ "${PACK_CACHE:-0}" = 1 ]; then  # bring the compiled PTX back for the next call to carry
-    tar -C "$WTCONV_CUDA_CACHE" -cJf "$OUT/ptx-cache.tar.xz" . &&
+    # fast xz on every core: the default level packing ~1,200 PTX files outran a call's
+    # last 45 s; -1 packs 16 MB of PTX 12x faster here, into an archive 1.7x larger
+    XZ_OPT="-T0 -1" tar -C "$WTCONV_CUDA_CACHE" -cJf "$OUT/ptx-cache.tar.xz" . &&
       echo "packed $(find "$WTCONV_CUDA_CACHE" -name '*.ptx' | wc -l) PTX files into $OUT/ptx-cache.tar.xz"
   fi
   return $rc
