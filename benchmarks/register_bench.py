@@ -9,8 +9,10 @@ reports the fraction of the copy roofline (``x`` read once, ``y`` written
 once, at the measured device-to-device copy bandwidth). Registers and local
 memory come from each loaded kernel. Correctness is the tests' job; this
 script only checks that every output is finite and close to the plane
-kernel's. ``--backward`` times the backward instead (``dx`` and every
-weight gradient; roofline: ``x`` and ``dy`` read, ``dx`` written).
+kernel's, and reports whether each run's outputs (backward: ``dx`` and every
+weight gradient) are bit for bit the planner's. ``--backward`` times the
+backward instead (``dx`` and every weight gradient; roofline: ``x`` and ``dy``
+read, ``dx`` written).
 
     python benchmarks/register_bench.py --json register_bench.json
     python benchmarks/register_bench.py --configs 64x768x7x7:2 64x192x28x28:4 --variants 128:168
@@ -74,7 +76,8 @@ def main(argv=None) -> int:
         xs, weights = random_inputs(gen, p)
         planes = (3 if args.backward else 2) * p.batch * p.channels * p.height * p.width
         nbytes = planes * ITEMSIZE[p.storage]
-        outputs, row = {}, {"problem": p._asdict(), "ms": {}, "roofline": {}, "specs": {}}
+        outputs, gradients = {}, {}
+        row = {"problem": p._asdict(), "ms": {}, "roofline": {}, "specs": {}}
         grads = Weights(*(cupy.empty_like(a) for a in weights))
         for name, tuning in runs.items():
             y = cupy.full_like(xs[0], 0xFFFF if p.storage == "bfloat16" else np.nan)
@@ -89,6 +92,8 @@ def main(argv=None) -> int:
                                  30, 3)
             run(0)
             outputs[name] = y
+            if args.backward:
+                gradients[name] = [g.copy() for g in grads]
             ms = timing.median_ms
             row["ms"][name] = round(ms, 4)
             row["roofline"][name] = round(nbytes / bandwidth / (ms * 1e-3), 4)
@@ -101,11 +106,18 @@ def main(argv=None) -> int:
             assert bool(cupy.isfinite(got).all()), f"{name}: non-finite outputs"
             diff = float(cupy.abs(got - ref).max() / cupy.abs(ref).max())
             row["max_rel_diff"][name] = diff
+        # outputs bit for bit those of the planner's choice (a register cap must not
+        # change them): dx or y, and backward every weight gradient
+        row["same_bits_as_auto"] = {
+            name: bool(cupy.array_equal(y, outputs["auto"])) and all(
+                bool(cupy.array_equal(a, b))
+                for a, b in zip(gradients.get(name, ()), gradients.get("auto", ())))
+            for name, y in outputs.items() if name != "auto"}
         rows.append(row)
         cells = "  ".join(f"{n} {row['ms'][n]:.4f} ms ({100 * row['roofline'][n]:.1f}%)"
                           for n in runs)
-        print(f"{p.batch}x{p.channels}x{p.height}x{p.width} L{p.levels} {p.storage}: {cells}",
-              flush=True)
+        print(f"{p.batch}x{p.channels}x{p.height}x{p.width} L{p.levels} {p.storage}: {cells}"
+              f"  same bits as auto: {row['same_bits_as_auto']}", flush=True)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"bandwidth": bandwidth, "kernels": kernels, "rows": rows}, handle, indent=1)

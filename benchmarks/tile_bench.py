@@ -18,7 +18,9 @@ is the planner's own choice through ``run_forward`` / ``run_backward``, and
 ``--auto-splits`` adds the planner's own split at those levels (``auto/sC``,
 ``Tuning(split=C)``: the tiles it would pick for ``C`` levels); backward,
 ``--split-batches`` adds its split backward in batch chunks of those sizes
-(``auto/bN``, ``Tuning(split_batch=N)``; ``N >= B`` runs the batch whole). ``--no-plane``
+(``auto/bN``, ``Tuning(split_batch=N)``; ``N >= B`` runs the batch whole);
+``--auto-caps`` adds the planner's own passes with the tiles' register cap set
+(``auto/rN``, ``Tuning(max_registers=N)``: the coarse problem keeps its own). ``--no-plane``
 skips the plane kernel (then the first run is the reference of the differences).
 
     python benchmarks/tile_bench.py --json tile_bench.json
@@ -27,6 +29,7 @@ skips the plane kernel (then the first run is the reference of the differences).
     python benchmarks/tile_bench.py --configs 64x96x56x56:5 --variants 32:128:4:128 --splits 2
     python benchmarks/tile_bench.py --backward --levels 3 --variants --auto-splits 2 --no-plane
     python benchmarks/tile_bench.py --backward --levels 5 --variants --split-batches 8 4 --no-plane
+    python benchmarks/tile_bench.py --backward --k 9 --levels 3 --variants --auto-caps 168 --no-plane
 """
 
 from __future__ import annotations
@@ -168,6 +171,9 @@ def main():
     parser.add_argument("--split-batches", type=int, nargs="+", default=[],
                         help="--backward: also the planner's split backward in batch chunks "
                              "of these sizes (auto/bN; N >= B: the batch whole)")
+    parser.add_argument("--auto-caps", type=int, nargs="+", default=[],
+                        help="also the planner's own passes with the tiles' .maxnreg at these "
+                             "values (auto/rN)")
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--no-plane", action="store_true", help="skip the plane kernel")
     parser.add_argument("--backward", action="store_true",
@@ -185,6 +191,7 @@ def main():
     whole = {f"{v}/s{c}": tuning._replace(split=c)
              for v, (tuning, _) in variants.items() for c in args.splits}
     whole.update({f"auto/s{c}": Tuning(split=c) for c in args.auto_splits})
+    whole.update({f"auto/r{n}": Tuning(max_registers=n) for n in args.auto_caps})
     whole["auto"] = Tuning()
     configs = grid_configs(args.levels, args.configs)
 
@@ -279,14 +286,15 @@ def backward_main(args, backend, bandwidth):
                      for v in args.variants for c in args.splits})
     variants.update({f"auto/s{c}": Tuning(split=c) for c in args.auto_splits})
     variants.update({f"auto/b{n}": Tuning(split_batch=n) for n in args.split_batches})
+    variants.update({f"auto/r{n}": Tuning(max_registers=n) for n in args.auto_caps})
     variants["auto"] = Tuning()
     configs = grid_configs(args.levels, args.configs)
 
     def runs_here(problem, tuning):
         if tuning.split is not None or tuning.split_batch is not None:
             return plan_split(problem, backend.shared_limit, tuning, True) is not None
-        return tuning == Tuning() or plan_tiles(problem, backend.shared_limit, tuning,
-                                                backward=True) is not None
+        return tuning.tiles is None or plan_tiles(problem, backend.shared_limit, tuning,
+                                                  backward=True) is not None
 
     specs = []
     for problem in problems(configs, args.storage, args.k):
