@@ -502,6 +502,24 @@ def test_28_rule_caps_the_registers_by_kernel_size():
         assert forced.tiles.spec.max_registers == 96, k
 
 
+def test_solo_backward_tiles_are_capped_at_168_from_k9():
+    """The split backward's tile of the paper grid holds so much shared memory at K 9 that
+    one 256-thread block runs an SM; its cap is then TILE_SOLO_CAP_K9 (REGISTER_CAP
+    spilled there). Below K 9, with other threads, forward or a Tuning cap, it is not."""
+    for levels in (3, 5):
+        problem = Problem(8, 64, 256, 256, 9, levels, 1, "float32", True)
+        tiles = plan_split(problem, LIMIT, backward=True).tiles
+        assert tiles.spec.threads == launch.TILE_SOLO_THREADS, levels
+        assert tiles.spec.max_registers == launch.TILE_SOLO_CAP_K9 == 168, levels
+        assert plan_split(problem, LIMIT).tiles.spec.max_registers == launch.REGISTER_CAP
+        for tuning in (Tuning(max_registers=128), Tuning(threads=128)):
+            other = plan_split(problem, LIMIT, tuning, backward=True).tiles.spec
+            assert other.max_registers == launch.REGISTER_CAP, (levels, tuning)
+        for k in (5, 7):
+            below = plan_split(problem._replace(kernel_size=k), LIMIT, backward=True)
+            assert below.tiles.spec.max_registers == launch.REGISTER_CAP, (levels, k)
+
+
 def test_inner_geometry_reuses_the_dead_grid():
     """At 56 x 56 (tile 56, split 2, three inner levels) only the first inner grid takes
     new space: the taps, deeper grids and subbands fit in grid 1, dead by then."""

@@ -627,6 +627,11 @@ TILE_THREADS = 128
 #: 8 x 128 x 512 x 512, K 5, L 3 on an H200, 256 threads took 12.2 ms, 128
 #: took 14.3 ms and 512 12.3 ms (``benchmarks/tile_bench.py --backward``).
 TILE_SOLO_THREADS = 256
+#: ``.maxnreg`` of such a block from ``K`` 9 up: one block a multiprocessor leaves it
+#: room, and at `REGISTER_CAP` ptxas spilled (88 B of local memory a thread; at 168: the
+#: same 128 registers, none): the split backward at 8 x 64 x 256 x 256, L 3 and 5, took
+#: 1.1-1.9% less on an H100 (two rounds), with the same bits.
+TILE_SOLO_CAP_K9 = 168
 #: Planes of one channel a block of a forward tile over its whole plane without inner
 #: levels (``TileSpec.planes``) where neither ``Tuning.tile_planes`` nor the plane's
 #: `SPLIT_SMALL_TILES` rule sets it (the 28 x 28 stage's rule takes four);
@@ -958,11 +963,12 @@ def whole_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
     `TILE_MIN_PIXELS` pixels; the forward also needs two blocks to fit in
     ``shared_limit``. A backward of which only one block fits (its buffer
     holds the chains of both ``dy`` and ``x``: 130-133 KB at K 5, L 3) runs
-    `TILE_SOLO_THREADS` threads unless ``tuning.threads`` says otherwise.
-    ``tuning.tiles`` True takes every problem they can run, False none. The
-    output strip is :func:`~wtconv_cuda.kernels.tiles.output_strip`'s for the
-    block, and a forward with one tile per plane is compiled for the plane's
-    size (``TileSpec.height``/``width``).
+    `TILE_SOLO_THREADS` threads unless ``tuning.threads`` says otherwise,
+    from ``K`` 9 capped at `TILE_SOLO_CAP_K9` registers. ``tuning.tiles``
+    True takes every problem they can run, False none. The output strip is
+    :func:`~wtconv_cuda.kernels.tiles.output_strip`'s for the block, and a
+    forward with one tile per plane is compiled for the plane's size
+    (``TileSpec.height``/``width``).
 
     Parameters
     ----------
@@ -1013,6 +1019,9 @@ def whole_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
                 return None
     strip = tuning.strip or output_strip(edge, threads)
     max_registers = REGISTER_CAP if tuning.max_registers is None else tuning.max_registers
+    if (tuning.max_registers is None and backward and threads == TILE_SOLO_THREADS
+            and p.kernel_size >= 9):
+        max_registers = TILE_SOLO_CAP_K9
     tiles_x, tiles_y = -(-p.width // edge), -(-p.height // edge)
     ntiles = tiles_x * tiles_y
     # a forward block with the whole plane loads it as one run (TileSpec.height)
