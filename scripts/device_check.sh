@@ -113,6 +113,10 @@
 #              each setting's y and dx checked against the current rule's); default: the
 #              28 x 28 rule split at level 3 (4 x 4 coarse planes) and at 3 with the
 #              coarse level in the tile, fp32 and bf16                (~2 min warm)
+#   capsk9     register caps at K 9 where ptxas spilled: the K 9 oracle cases of the split
+#              backward and the register kernel ($CAPS_TESTS), then tile_bench.py --auto-caps
+#              ($CAPS_TILE) and register_bench.py ($CAPS_REG) at 8x64x256x256 (L 3, 5) and
+#              64x768x7x7 (L 2), two rounds, fp32 and bf16   (~8 min cold)
 #   stageprofile the same for the split forward's tile kernel at the ConvNeXt-T stages
 #              28 (L4) and 56 (L5), fp32, plus ncu's pipe utilisation: is it bound by
 #              issue, by latency or by shared-memory instructions? ($STAGEPROFILE_SHAPES:
@@ -682,6 +686,37 @@ run_splitrule() {
   return "${PIPESTATUS[0]}"
 }
 
+run_capsk9() {
+  # Register caps where ptxas spilled at K 9 (results/h100-2026-12-07d): the K 9 oracle
+  # cases of the split backward (its one-block-an-SM tile, TILE_SOLO_CAP_K9) and of the
+  # register kernel ($CAPS_TESTS, a pytest -k expression; "-" skips them), then two
+  # rounds of tile_bench.py (the planner's backward at the tile caps $CAPS_TILE, against
+  # its default) and register_bench.py (the 7 x 7 register kernel at $CAPS_REG, backward
+  # and forward), fp32 and bf16, every output checked bit for bit against the default.
+  echo "== K 9 register caps: oracle cases, then tile_bench.py / register_bench.py"
+  local rc=0 round pass
+  if [ "${CAPS_TESTS:-}" != "-" ]; then
+    WTCONV_TEST_GPU=1 WTCONV_TEST_KS=9 timeout "${CAPS_TEST_TIMEOUT:-300}" python3 -m pytest \
+      -q -n 8 -p no:cacheprovider -p no:benchmark \
+      -k "${CAPS_TESTS:-register_backward or split_matches or split_backward_in_batch}" \
+      tests/gpu/test_gpu_kernels.py >"$OUT/capsk9_tests.log" 2>&1 || rc=1
+    tail -n 3 "$OUT/capsk9_tests.log"
+  fi
+  for round in 1 2; do
+    # shellcheck disable=SC2086  # CAPS_TILE and CAPS_REG are lists
+    timeout 200 python3 benchmarks/tile_bench.py --backward --k 9 --configs 8x64x256x256:3 \
+      8x64x256x256:5 --storage float32 bfloat16 --variants --auto-caps ${CAPS_TILE:-128 168} \
+      --no-plane --json "$OUT/capsk9_tile_r$round.json" >"$OUT/capsk9_tile_r$round.log" 2>&1 || rc=1
+    for pass in --backward --forward; do
+      timeout 150 python3 benchmarks/register_bench.py ${pass/--forward/} --kernel-size 9 \
+        --configs 64x768x7x7:2 --storage float32 bfloat16 --variants ${CAPS_REG:-128:168 128:200} \
+        --json "$OUT/capsk9_reg${pass#--}_r$round.json" >"$OUT/capsk9_reg${pass#--}_r$round.log" 2>&1 || rc=1
+    done
+    grep -h "^8x\|^64x" "$OUT"/capsk9_*_r$round.log | cut -c1-400
+  done
+  return $rc
+}
+
 run_tiledtypes() {
   # The paper grid's forward is one tile kernel (L 3) or a coarse pass and two (L 5): 16-bit
   # storage halves its bytes but took 0.450 against 0.340 ms (fp32) at 8x64x256x256, L3
@@ -828,7 +863,7 @@ print(*sorted({f"{h}x{w}:{lv}" for _, _, h, w, lv, _ in CONFIGS}))')
 
 for phase in "${phases[@]}"; do
   case "$phase" in
-    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|hoststate|pdl|fwdhost|torchstep|stepprofile|tiles|tileplanes|blockedw|streams|shallowsplit|splitchunks|tileprofile|stageprofile|split|registers|ab|bwdprofile|hotspots|tilehotspots|lanes|lanehotspots|tiledtypes|splitrule)
+    kernels|bindings|ncu|profile|tune|kernelbench|bench|sanitizer|wtconvnext|ddp|hostprofile|cupyhost|hoststate|pdl|fwdhost|torchstep|stepprofile|tiles|tileplanes|blockedw|streams|shallowsplit|splitchunks|tileprofile|stageprofile|split|registers|ab|bwdprofile|hotspots|tilehotspots|lanes|lanehotspots|tiledtypes|splitrule|capsk9)
       "run_$phase" || status=1 ;;
     *) echo "unknown phase: $phase"; status=2 ;;
   esac
