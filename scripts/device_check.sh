@@ -114,7 +114,9 @@
 #              28 x 28 rule split at level 3 (4 x 4 coarse planes) and at 3 with the
 #              coarse level in the tile, fp32 and bf16                (~2 min warm)
 #   capsk9     register caps at K 9 where ptxas spilled: the K 9 oracle cases of the split
-#              backward and the register kernel ($CAPS_TESTS), then tile_bench.py --auto-caps
+#              backward's solo tile (255x257, L 2/3/5) and the register backward
+#              ($CAPS_TESTS), then
+#              tile_bench.py --auto-caps
 #              ($CAPS_TILE) and register_bench.py ($CAPS_REG) at 8x64x256x256 (L 3, 5) and
 #              64x768x7x7 (L 2), two rounds, fp32 and bf16   (~8 min cold)
 #   stageprofile the same for the split forward's tile kernel at the ConvNeXt-T stages
@@ -688,8 +690,10 @@ run_splitrule() {
 
 run_capsk9() {
   # Register caps where ptxas spilled at K 9 (results/h100-2026-12-07d): the K 9 oracle
-  # cases of the split backward (its one-block-an-SM tile, TILE_SOLO_CAP_K9) and of the
-  # register kernel ($CAPS_TESTS, a pytest -k expression; "-" skips them), then two
+  # cases that run the split backward's one-block-an-SM tile (TILE_SOLO_CAP_K9: the
+  # planner's own passes on the 255 x 257 planes at L 2, 3 and 5, three dtypes: no
+  # forced-tile case plans that tile), and the register backward's K 9 cases at 168 and
+  # 200 registers ($CAPS_TESTS, a pytest -k expression; "-" skips them), then two
   # rounds of tile_bench.py (the planner's backward at the tile caps $CAPS_TILE, against
   # its default) and register_bench.py (the 7 x 7 register kernel at $CAPS_REG, backward
   # and forward), fp32 and bf16, every output checked bit for bit against the default.
@@ -698,7 +702,7 @@ run_capsk9() {
   if [ "${CAPS_TESTS:-}" != "-" ]; then
     WTCONV_TEST_GPU=1 WTCONV_TEST_KS=9 timeout "${CAPS_TEST_TIMEOUT:-300}" python3 -m pytest \
       -q -n 8 -p no:cacheprovider -p no:benchmark \
-      -k "${CAPS_TESTS:-register_backward or split_matches or split_backward_in_batch}" \
+      -k "${CAPS_TESTS:-register_backward or 255x257-L2-K9-s1 or 255x257-L3-K9-s1 or 255x257-L5-K9-s1}" \
       tests/gpu/test_gpu_kernels.py >"$OUT/capsk9_tests.log" 2>&1 || rc=1
     tail -n 3 "$OUT/capsk9_tests.log"
   fi
