@@ -117,8 +117,9 @@
 #              backward's solo tile (255x257, L 2/3/5) and the register backward
 #              ($CAPS_TESTS), then
 #              tile_bench.py --auto-caps
-#              ($CAPS_TILE) and register_bench.py ($CAPS_REG) at 8x64x256x256 (L 3, 5) and
-#              64x768x7x7 (L 2), two rounds, fp32 and bf16   (~8 min cold)
+#              ($CAPS_TILE) at 8x64x256x256 (L 3, 5) and the 56 / 28 stages
+#              ($CAPS_TILE_CONFIGS), register_bench.py ($CAPS_REG) at 64x768x7x7 (L 2),
+#              two rounds, fp32 and bf16                           (~10 min cold)
 #   stageprofile the same for the split forward's tile kernel at the ConvNeXt-T stages
 #              28 (L4) and 56 (L5), fp32, plus ncu's pipe utilisation: is it bound by
 #              issue, by latency or by shared-memory instructions? ($STAGEPROFILE_SHAPES:
@@ -694,9 +695,11 @@ run_capsk9() {
   # planner's own passes on the 255 x 257 planes at L 2, 3 and 5, three dtypes: no
   # forced-tile case plans that tile), and the register backward's K 9 cases at 168 and
   # 200 registers ($CAPS_TESTS, a pytest -k expression; "-" skips them), then two
-  # rounds of tile_bench.py (the planner's backward at the tile caps $CAPS_TILE, against
-  # its default) and register_bench.py (the 7 x 7 register kernel at $CAPS_REG, backward
-  # and forward), fp32 and bf16, every output checked bit for bit against the default.
+  # rounds of tile_bench.py (the planner's backward with its tiles' and plane kernels'
+  # cap at $CAPS_TILE, against its default: the paper grid's split backward, and at the
+  # 56 x 56 and 28 x 28 stages the weights-only plane backward, which spilled 68 / 52 B at
+  # 128) and register_bench.py (the 7 x 7 register kernel at $CAPS_REG, backward and
+  # forward), fp32 and bf16, every output checked bit for bit against the first run's.
   echo "== K 9 register caps: oracle cases, then tile_bench.py / register_bench.py"
   local rc=0 round pass
   if [ "${CAPS_TESTS:-}" != "-" ]; then
@@ -707,9 +710,10 @@ run_capsk9() {
     tail -n 3 "$OUT/capsk9_tests.log"
   fi
   for round in 1 2; do
-    # shellcheck disable=SC2086  # CAPS_TILE and CAPS_REG are lists
-    timeout 200 python3 benchmarks/tile_bench.py --backward --k 9 --configs 8x64x256x256:3 \
-      8x64x256x256:5 --storage float32 bfloat16 --variants --auto-caps ${CAPS_TILE:-128 168} \
+    # shellcheck disable=SC2086  # CAPS_TILE_CONFIGS, CAPS_TILE and CAPS_REG are lists
+    timeout 240 python3 benchmarks/tile_bench.py --backward --k 9 \
+      --configs ${CAPS_TILE_CONFIGS:-8x64x256x256:3 8x64x256x256:5 64x96x56x56:5 64x192x28x28:4} \
+      --storage float32 bfloat16 --variants --auto-caps ${CAPS_TILE:-128 168} \
       --no-plane --json "$OUT/capsk9_tile_r$round.json" >"$OUT/capsk9_tile_r$round.log" 2>&1 || rc=1
     for pass in --backward --forward; do
       timeout 150 python3 benchmarks/register_bench.py ${pass/--forward/} --kernel-size 9 \
