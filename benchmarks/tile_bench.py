@@ -19,8 +19,10 @@ is the planner's own choice through ``run_forward`` / ``run_backward``, and
 ``Tuning(split=C)``: the tiles it would pick for ``C`` levels); backward,
 ``--split-batches`` adds its split backward in batch chunks of those sizes
 (``auto/bN``, ``Tuning(split_batch=N)``; ``N >= B`` runs the batch whole);
-``--auto-caps`` adds the planner's own passes with the tiles' register cap set
-(``auto/rN``, ``Tuning(max_registers=N)``: the coarse problem keeps its own). ``--no-plane``
+``--auto-caps`` adds the planner's own passes at another register cap (``auto/rN``,
+``Tuning(max_registers=N)``: the tiles' and, where the planner picks it directly, the
+plane kernel's, such as the weights-only backward's; the coarse problem and the
+backward's ``dx`` forward keep their own). ``--no-plane``
 skips the plane kernel (then the first run is the reference of the differences).
 
     python benchmarks/tile_bench.py --json tile_bench.json
@@ -172,8 +174,8 @@ def main():
                         help="--backward: also the planner's split backward in batch chunks "
                              "of these sizes (auto/bN; N >= B: the batch whole)")
     parser.add_argument("--auto-caps", type=int, nargs="+", default=[],
-                        help="also the planner's own passes with the tiles' .maxnreg at these "
-                             "values (auto/rN)")
+                        help="also the planner's own passes at these .maxnreg values "
+                             "(auto/rN: Tuning(max_registers=N))")
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--no-plane", action="store_true", help="skip the plane kernel")
     parser.add_argument("--backward", action="store_true",

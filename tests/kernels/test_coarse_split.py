@@ -505,7 +505,8 @@ def test_28_rule_caps_the_registers_by_kernel_size():
 def test_solo_backward_tiles_are_capped_at_168_from_k9():
     """The split backward's tile of the paper grid holds so much shared memory at K 9 that
     one 256-thread block runs an SM; its cap is then TILE_SOLO_CAP_K9 (REGISTER_CAP
-    spilled there). Below K 9, with other threads, forward or a Tuning cap, it is not."""
+    spilled there). Below K 9, with other threads, where two blocks fit, forward or with a
+    Tuning cap, it is not."""
     for levels in (3, 5):
         problem = Problem(8, 64, 256, 256, 9, levels, 1, "float32", True)
         tiles = plan_split(problem, LIMIT, backward=True).tiles
@@ -518,6 +519,11 @@ def test_solo_backward_tiles_are_capped_at_168_from_k9():
         for k in (5, 7):
             below = plan_split(problem._replace(kernel_size=k), LIMIT, backward=True)
             assert below.tiles.spec.max_registers == launch.REGISTER_CAP, (levels, k)
+    # 256 threads asked for where two blocks fit an SM: the registers are not there
+    shallow = Problem(8, 64, 256, 256, 9, 1, 1, "float32", True)
+    tiles = plan_tiles(shallow, LIMIT, Tuning(tiles=True, threads=256), backward=True)
+    assert 2 * tiles.shared_bytes <= LIMIT and tiles.spec.threads == 256
+    assert tiles.spec.max_registers == launch.REGISTER_CAP
 
 
 def test_inner_geometry_reuses_the_dead_grid():

@@ -1019,9 +1019,9 @@ def whole_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
                 return None
     strip = tuning.strip or output_strip(edge, threads)
     max_registers = REGISTER_CAP if tuning.max_registers is None else tuning.max_registers
-    if (tuning.max_registers is None and backward and threads == TILE_SOLO_THREADS
-            and p.kernel_size >= 9):
-        max_registers = TILE_SOLO_CAP_K9
+    if (tuning.max_registers is None and backward and p.kernel_size >= 9
+            and threads == TILE_SOLO_THREADS and 2 * shared_bytes > shared_limit):
+        max_registers = TILE_SOLO_CAP_K9  # one block an SM: the registers are there
     tiles_x, tiles_y = -(-p.width // edge), -(-p.height // edge)
     ntiles = tiles_x * tiles_y
     # a forward block with the whole plane loads it as one run (TileSpec.height)
