@@ -715,10 +715,11 @@ run_capsk9() {
       --configs ${CAPS_TILE_CONFIGS:-8x64x256x256:3 8x64x256x256:5 64x96x56x56:5 64x192x28x28:4} \
       --storage float32 bfloat16 --variants --auto-caps ${CAPS_TILE:-128 168} \
       --no-plane --json "$OUT/capsk9_tile_r$round.json" >"$OUT/capsk9_tile_r$round.log" 2>&1 || rc=1
-    for pass in --backward --forward; do
-      timeout 150 python3 benchmarks/register_bench.py ${pass/--forward/} --kernel-size 9 \
+    for pass in backward forward; do
+      local flag=(); [ "$pass" = backward ] && flag=(--backward)
+      timeout 150 python3 benchmarks/register_bench.py "${flag[@]}" --kernel-size 9 \
         --configs 64x768x7x7:2 --storage float32 bfloat16 --variants ${CAPS_REG:-128:168 128:200} \
-        --json "$OUT/capsk9_reg${pass#--}_r$round.json" >"$OUT/capsk9_reg${pass#--}_r$round.log" 2>&1 || rc=1
+        --json "$OUT/capsk9_reg${pass}_r$round.json" >"$OUT/capsk9_reg${pass}_r$round.log" 2>&1 || rc=1
     done
     grep -h "^8x\|^64x" "$OUT"/capsk9_*_r$round.log | cut -c1-400
   done

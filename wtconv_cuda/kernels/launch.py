@@ -1018,10 +1018,11 @@ def whole_tiles(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(),
             if not plane.spec.scratch:
                 return None
     strip = tuning.strip or output_strip(edge, threads)
-    max_registers = REGISTER_CAP if tuning.max_registers is None else tuning.max_registers
-    if (tuning.max_registers is None and backward and p.kernel_size >= 9
-            and threads == TILE_SOLO_THREADS and 2 * shared_bytes > shared_limit):
-        max_registers = TILE_SOLO_CAP_K9  # one block an SM: the registers are there
+    max_registers = tuning.max_registers
+    if max_registers is None:  # one block an SM from K 9: the registers are there
+        solo_k9 = (backward and p.kernel_size >= 9 and threads == TILE_SOLO_THREADS
+                   and 2 * shared_bytes > shared_limit)
+        max_registers = TILE_SOLO_CAP_K9 if solo_k9 else REGISTER_CAP
     tiles_x, tiles_y = -(-p.width // edge), -(-p.height // edge)
     ntiles = tiles_x * tiles_y
     # a forward block with the whole plane loads it as one run (TileSpec.height)
