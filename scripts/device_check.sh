@@ -119,7 +119,8 @@
 #              tile_bench.py --auto-caps
 #              ($CAPS_TILE) at 8x64x256x256 (L 3, 5) and the 56 / 28 stages
 #              ($CAPS_TILE_CONFIGS), register_bench.py ($CAPS_REG) at 64x768x7x7 (L 2),
-#              two rounds, fp32 and bf16                           (~10 min cold)
+#              two rounds ($CAPS_ROUNDS, default "1 2"; "-" as $CAPS_TESTS skips the
+#              oracle cases), fp32 and bf16                        (~10 min cold)
 #   stageprofile the same for the split forward's tile kernel at the ConvNeXt-T stages
 #              28 (L4) and 56 (L5), fp32, plus ncu's pipe utilisation: is it bound by
 #              issue, by latency or by shared-memory instructions? ($STAGEPROFILE_SHAPES:
@@ -709,7 +710,8 @@ run_capsk9() {
       tests/gpu/test_gpu_kernels.py >"$OUT/capsk9_tests.log" 2>&1 || rc=1
     tail -n 3 "$OUT/capsk9_tests.log"
   fi
-  for round in 1 2; do
+  # shellcheck disable=SC2086  # CAPS_ROUNDS is a list
+  for round in ${CAPS_ROUNDS:-1 2}; do
     # shellcheck disable=SC2086  # CAPS_TILE_CONFIGS, CAPS_TILE and CAPS_REG are lists
     timeout 240 python3 benchmarks/tile_bench.py --backward --k 9 \
       --configs ${CAPS_TILE_CONFIGS:-8x64x256x256:3 8x64x256x256:5 64x96x56x56:5 64x192x28x28:4} \
