@@ -159,3 +159,22 @@ def test_dx_halves_to_run_beside_the_weight_gradients(monkeypatch):
     monkeypatch.setattr(launch, "TWO_STREAMS", False)
     assert launch.backward_dx_plan(fp32, LIMIT, SLOTS) == DxForward((64,), Tuning())
     assert not launch.runs_side_by_side(fp32, LIMIT, SLOTS)
+
+
+@pytest.mark.parametrize("storage", ["float32", "bfloat16"])
+def test_weights_only_plane_backward_is_capped_at_168_from_k9(storage):
+    """From K 9 the weights-only plane backward of the 56 x 56 and 28 x 28 stages is capped
+    at PLANE_WEIGHTS_CAP_K9 (REGISTER_CAP spilled there); below K 9, where the plane kernel
+    also computes dx, or with a Tuning cap, it keeps its own."""
+    for stage in STAGES[:2]:
+        for k, cap in ((5, launch.REGISTER_CAP), (7, launch.REGISTER_CAP), (9, 168)):
+            problem = Problem(*stage[:4], k, stage[4], 1, storage, True)
+            plane = launch.plan_plane(problem, True, LIMIT, SLOTS).spec
+            assert plane.weights_only and plane.max_registers == cap, (stage, k)
+        both = launch.plan_plane(problem, True, LIMIT, SLOTS, Tuning(dx_forward=False)).spec
+        assert not both.weights_only and both.max_registers == launch.REGISTER_CAP, stage
+        forced = launch.plan_plane(problem, True, LIMIT, SLOTS, Tuning(max_registers=128)).spec
+        assert forced.weights_only and forced.max_registers == 128, stage
+        # and the planner's backward launches it so (dx's forward kernels keep their caps)
+        assert plane in planned_specs(problem, True, LIMIT, SLOTS), stage
+    assert launch.PLANE_WEIGHTS_CAP_K9 == 168

@@ -108,6 +108,20 @@ def test_planner_rules():
     assert (forced.block, forced.spec.max_registers, forced.grid) == (64, 255, 768)
 
 
+def test_register_caps_by_pass_and_kernel_size():
+    """The forward is capped at 168 registers at every K; the backward at 168 up to K 7
+    and at 200 from K 9 (it spilled at 168 there); a Tuning cap overrides both."""
+    from wtconv_cuda.kernels import launch
+    for k, backward_cap in ((3, 168), (5, 168), (7, 168), (9, 200), (11, 200)):
+        problem = Problem(64, 768, 7, 7, k, 2, 1, "float32", True)
+        assert plan_registers(problem, LIMIT).spec.max_registers == 168, k
+        back = plan_registers(problem, LIMIT, backward=True)
+        assert back.spec.backward and back.spec.max_registers == backward_cap, k
+        forced = plan_registers(problem, LIMIT, Tuning(max_registers=128), backward=True)
+        assert forced.spec.max_registers == 128, k
+    assert launch.REGISTER_BACKWARD_CAP_K9 == 200 and launch.REGISTER_BACKWARD_CAP == 168
+
+
 def test_grids_halve_rounding_up():
     assert grids(7, 7, 3) == [(7, 7), (4, 4), (2, 2), (1, 1)]
     assert grids(1, 5, 2) == [(1, 5), (1, 3), (1, 2)]

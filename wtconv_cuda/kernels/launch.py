@@ -513,6 +513,17 @@ class Launch(NamedTuple):
         return self.units // self.units_per_partial * self.ntaps
 
 
+#: ``.maxnreg`` of the ``weights_only`` plane backward from ``K`` 9 up (where
+#: ``Tuning.max_registers`` is unset). At `REGISTER_CAP` ptxas (nvJitLink 13) gave these
+#: kernels a 56-64 B stack frame at the ConvNeXt-T stages; at 168, 8-16 B. Fewer blocks fit
+#: an SM by registers (three 128-thread blocks instead of four at 56 x 56), yet on an H100
+#: the whole backward (dx from the forward included) took less, with the same bits, over
+#: two rounds: 1.035 against 1.068 ms at 64 x 96 x 56 x 56 (L 5) and 0.828 against
+#: 0.840 ms at 64 x 192 x 28 x 28 (L 4) in fp32; bf16 1.226 / 1.256 and 0.840 / 0.848 ms,
+#: and 0.454 / 0.464 ms at 64 x 384 x 14 x 14 (L 3; fp32 runs the lane kernel there).
+PLANE_WEIGHTS_CAP_K9 = 168
+
+
 @lru_cache(maxsize=1024)
 def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: int,
                tuning: Tuning = Tuning()) -> Launch:
@@ -531,7 +542,9 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
     planes per block) gets the ``fused_finalize`` variant unless
     ``tuning.fuse_finalize`` is False; a backward plan gets the
     ``weights_only`` variant (``dx`` from the forward kernels), compiled for
-    the plane (``PlaneSpec.plane``), where :func:`dx_from_forward` says so. Plans are cached (``lru_cache``).
+    the plane (``PlaneSpec.plane``), where :func:`dx_from_forward` says so; from ``K``
+    9 its register cap is `PLANE_WEIGHTS_CAP_K9` unless ``tuning.max_registers`` sets
+    one. Plans are cached (``lru_cache``).
 
     Parameters
     ----------
@@ -557,8 +570,11 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
     default = default_tuning(p, backward)
     strip = tuning.strip or default.strip
     threads = tuning.threads or default.threads
-    max_registers = default.max_registers if tuning.max_registers is None else tuning.max_registers
     weights_only = backward and dx_from_forward(p, shared_limit, max_slots, tuning)
+    max_registers = tuning.max_registers
+    if max_registers is None:
+        solo_weights = weights_only and p.kernel_size >= 9
+        max_registers = PLANE_WEIGHTS_CAP_K9 if solo_weights else default.max_registers
     blocked = weights_only and _blocked_weights(p, strip, threads, tuning)
     layout = plane_layout(p.height, p.width, p.levels, p.kernel_size, strip, threads,
                           in_stride, out_stride, backward, weights_only, blocked)
@@ -1062,6 +1078,12 @@ REGISTER_KERNEL_CAP = 168
 #: local memory per thread) and 92.9 us at 255 (242 registers, two blocks), before
 #: its staging load was unrolled (34.7 us at 168 since, 144 B).
 REGISTER_BACKWARD_CAP = 168
+#: ``.maxnreg`` of its backward from ``K`` 9 up: at 168 ptxas spilled 184 B (fp32) and
+#: 248 B (bf16) a thread at 7 x 7, L 2; at 200 none. On an H100 at 64 x 768 x 7 x 7, L 2
+#: (two rounds, every output bit for bit the planner's) the backward took 0.112 against
+#: 0.132 ms in fp32 and 0.106 against 0.109 ms in bf16. The forward stays at
+#: `REGISTER_KERNEL_CAP` (0.025 against 0.020 ms at 200: two blocks an SM, not three).
+REGISTER_BACKWARD_CAP_K9 = 200
 #: ``Tuning(registers=True)`` forces the register kernel up to this many pixels.
 REGISTER_FORCE_MAX_PIXELS = 256
 #: Largest batch of a backward on the register kernel (its block holds whole channels).
@@ -1147,7 +1169,9 @@ def plan_registers(problem: Problem, shared_limit: int, tuning: Tuning = Tuning(
             threads = batch
         if threads % batch:
             return None
-    cap = REGISTER_BACKWARD_CAP if backward else REGISTER_KERNEL_CAP
+    cap = REGISTER_KERNEL_CAP
+    if backward:
+        cap = REGISTER_BACKWARD_CAP_K9 if p.kernel_size >= 9 else REGISTER_BACKWARD_CAP
     if tuning.max_registers is not None:
         cap = tuning.max_registers
     spec = RegisterSpec(p.kernel_size, p.storage, p.height, p.width, p.levels, p.stride,
