@@ -514,13 +514,15 @@ class Launch(NamedTuple):
 
 
 #: ``.maxnreg`` of the ``weights_only`` plane backward from ``K`` 9 up (where
-#: ``Tuning.max_registers`` is unset). At `REGISTER_CAP` ptxas (nvJitLink 13) gave these
-#: kernels a 56-64 B stack frame at the ConvNeXt-T stages; at 168, 8-16 B. Fewer blocks fit
-#: an SM by registers (three 128-thread blocks instead of four at 56 x 56), yet on an H100
-#: the whole backward (dx from the forward included) took less, with the same bits, over
-#: two rounds: 1.035 against 1.068 ms at 64 x 96 x 56 x 56 (L 5) and 0.828 against
-#: 0.840 ms at 64 x 192 x 28 x 28 (L 4) in fp32; bf16 1.226 / 1.256 and 0.840 / 0.848 ms,
-#: and 0.454 / 0.464 ms at 64 x 384 x 14 x 14 (L 3; fp32 runs the lane kernel there).
+#: ``Tuning.max_registers`` is unset). At `REGISTER_CAP` these kernels used 40-64 B of
+#: local memory a thread at the ConvNeXt-T stages (fp32 and bf16); at 168, none. Fewer
+#: blocks fit an SM by registers (three 128-thread blocks instead of four at 56 x 56), yet
+#: on an H100 the whole backward (dx from the forward included) took less, with the same
+#: bits, over two rounds: 1.035 against 1.068 ms at 64 x 96 x 56 x 56 (L 5) and 0.828
+#: against 0.840 ms at 64 x 192 x 28 x 28 (L 4) in fp32; bf16 1.226 / 1.256 and 0.840 /
+#: 0.848 ms, and 0.454 / 0.464 ms at 64 x 384 x 14 x 14 (L 3; fp32 runs the lane kernel
+#: there). The split backward's coarse problem (its 64 x 64 planes at 8 x 64 x 256 x 256)
+#: takes this cap too: 32 B of local memory at 128, untimed at 168.
 PLANE_WEIGHTS_CAP_K9 = 168
 
 
