@@ -8,6 +8,12 @@ import zlib
 if os.environ.get("WTCONV_TEST_GPU") != "1":
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
+# One CPU thread for torch's and BLAS's pools (read when they load): on CI's two
+# cores the PTX tier's compile takes one (tests/kernels/conftest.py), and a second
+# intra-op thread then only waits for it. The bench's CPU dry run took 88 s with the
+# default pool beside that compile and 12.5 s with one thread.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import numpy as np
 import pytest
 

@@ -475,7 +475,8 @@ def test_gpu_orchestration_dry_run_on_cpu_tensors(monkeypatch, tmp_path, capsys)
         Config(1, 2, 8, 8, 1), Config(1, 2, 9, 7, 2, grid="paper")])
     monkeypatch.setattr(measure, "copy_bandwidth", lambda runtime: 1e10)
     args = ["--device", "cpu", "--no-precompile", "--repeats", "2", "--warmup", "1",
-            "--host-calls", "2", "--dtypes", "fp32", "bf16", "--out", str(tmp_path)]
+            "--host-calls", "2", "--host-rounds", "2", "--dtypes", "fp32", "bf16",
+            "--out", str(tmp_path)]
     assert bench.main(args) == 0
     out = capsys.readouterr().out
     assert "Inference (forward only)" in out and "Host overhead" in out
