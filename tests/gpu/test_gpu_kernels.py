@@ -531,7 +531,7 @@ def test_register_kernel_matches_oracle(shape, levels, k, stride, storage, bias,
 #: bfloat16 (two channels per block), float16 at stride 2 without bias, and a
 #: batch of 96 (three warps per channel, a 96-thread block) at both register
 #: caps the planner has used (168 spills; 255 does not); at K 9 the 7 x 7 stage's
-#: variant at 168 (184 B of spills in fp32) and at 200 (none).
+#: variant at 168 (184 B of spills in fp32) and at 200 (none; the default from K 9).
 REGISTER_BACKWARD_CASES = [((64, 40, 7, 7), 2, 5, 1, s, True, Tuning(registers=True))
                            for s in ("float32", "bfloat16")]
 REGISTER_BACKWARD_CASES += [((32, 6, 5, 6), 1, 3, 2, "float16", False, Tuning(registers=True))]
