@@ -575,8 +575,8 @@ def plan_plane(problem: Problem, backward: bool, shared_limit: int, max_slots: i
     weights_only = backward and dx_from_forward(p, shared_limit, max_slots, tuning)
     max_registers = tuning.max_registers
     if max_registers is None:
-        solo_weights = weights_only and p.kernel_size >= 9
-        max_registers = PLANE_WEIGHTS_CAP_K9 if solo_weights else default.max_registers
+        large_weights = weights_only and p.kernel_size >= 9
+        max_registers = PLANE_WEIGHTS_CAP_K9 if large_weights else default.max_registers
     blocked = weights_only and _blocked_weights(p, strip, threads, tuning)
     layout = plane_layout(p.height, p.width, p.levels, p.kernel_size, strip, threads,
                           in_stride, out_stride, backward, weights_only, blocked)
