@@ -352,7 +352,8 @@ def test_render_report():
     assert "44.0" in text and "error" in text
     assert "1.750" in text and "95.5" in text  # the CuPy path's training step and its host cost
     assert "61.2" in text and "step queued us" in text  # a row without the queued time reads "-"
-    host_rows = {line.split()[0]: line.split() for line in text.splitlines()[-6:]
+    host_rows = {line.split()[0]: line.split()
+                 for line in text.split("Host overhead")[1].split("Targets")[0].splitlines()
                  if line.startswith(("ours", "cupy"))}
     # rows without rounds (runs before 2026-12-07) read "-"; with them, their range
     assert host_rows["ours"][-2:] == ["-", "-"]

@@ -8,6 +8,8 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
+from .targets import targets_lines
+
 __all__ = [
     "format_table",
     "fmt_ms",
@@ -214,6 +216,8 @@ def render_report(report: dict) -> str:
                       f"{overhead['calls']} calls"
                       + (f", median of {rounds} rounds)" if rounds > 1 else ")"),
                   host_table(overhead)]
+    lines += ["", "Targets (stated for an H200; each on the row that comes closest to "
+                  "failing it)"] + targets_lines(report)
     errors = [(row["label"], row["dtype"], key, text) for row in rows
               for key, text in (row.get("errors") or {}).items() if not key.endswith("_trace")]
     if errors:
