@@ -311,7 +311,8 @@ def test_format_table():
 
 def fake_row(label="64x96x56x56 L5", dtype="float32", skipped=False):
     row = {"label": label, "dtype": dtype, "grid": "convnext", "shape": [64, 96, 56, 56],
-           "levels": 5}
+           "levels": 5, "kernel_size": 5,
+           "compulsory_bytes": {"inference": 2 * 77070336, "training": 5 * 77070336}}
     if skipped:
         row["skipped"] = "time budget"
         return row
@@ -411,6 +412,10 @@ def test_measure_config_on_cpu_tensors():
     assert row["check"]["ok"] and row["check"]["dweights"] < 1e-5
     assert row["compulsory_bytes"] == {"inference": 2 * 2 * 3 * 13 * 11 * 4,
                                        "training": 5 * 2 * 3 * 13 * 11 * 4}
+    # 13 x 11, then 7 x 6 and 4 x 3 for each of four subbands, K 5
+    forward = 2 * 3 * 25 * (13 * 11 + 4 * (7 * 6 + 4 * 3))
+    assert row["multiply_adds"] == {"inference": forward, "backward": 2 * forward,
+                                    "training": 3 * forward}
     assert row["training_peak_bytes"]["ours"] is None  # no memory statistics on the CPU
     assert set(row["speedup"]) == {"inference_vs_dw7", "inference_vs_materialising",
                                    "training_vs_dw7", "training_vs_materialising"}

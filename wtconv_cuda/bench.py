@@ -104,6 +104,7 @@ from ._bench.core import (
     select_configs,
     tensor_bytes,
 )
+from ._bench.floors import fp32_fma_rate
 from ._bench.report import plot_speedups, read_json, render_report, write_json
 
 __all__ = ["main", "find_materialising", "CPU_LABEL", "MATERIALISING_PATH"]
@@ -383,6 +384,7 @@ def _gpu_main(args, torch) -> int:
         "git_commit": _git_commit(),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "device": runtime.name,
+        "fp32_fma_per_s": fp32_fma_rate(runtime.name),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,

@@ -36,6 +36,7 @@ from .core import (
     speedup,
     time_median,
 )
+from .floors import conv_multiply_adds
 
 __all__ = [
     "IMPLEMENTATIONS",
@@ -512,6 +513,7 @@ def _base_row(cfg: Config, dtype: str, bandwidth) -> dict:
         "x_bytes": nbytes["x"],
         "compulsory_bytes": {m: nbytes[m] for m in MODES},
         "floor_ms": {m: (floor_ms(nbytes[m], bandwidth) if bandwidth else None) for m in MODES},
+        "multiply_adds": conv_multiply_adds(cfg.shape, cfg.levels, cfg.kernel_size),
     }
 
 

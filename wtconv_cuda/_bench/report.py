@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
+from .floors import floor_fraction, fp32_fma_rate
 from .targets import targets_lines
 
 __all__ = [
@@ -92,20 +93,34 @@ def _skipped(row, width: int) -> list:
     return [row["label"], row["dtype"], f"skipped ({row['skipped']})"] + [""] * (width - 3)
 
 
-def inference_table(rows: Sequence[dict]) -> str:
-    """Forward-only medians, speedups of ours, roofline fraction and check.
+def _floor_cell(row, mode: str, floors) -> str:
+    """``fmt_pct`` of the CuPy path's fraction of its time floor (``floors``: the run's
+    copy bandwidth and fp32 multiply-add rate). The CuPy path, because ``WTConv2d``'s
+    time includes PyTorch's host cost wherever it is host-bound."""
+    bandwidth, fma_rate = floors
+    if not bandwidth and not fma_rate:
+        return "-"
+    return fmt_pct(floor_fraction(row, mode, "cupy", bandwidth, fma_rate))
+
+
+def inference_table(rows: Sequence[dict], floors=(None, None)) -> str:
+    """Forward-only medians, speedups of ours, roofline and floor fractions and check.
 
     Parameters
     ----------
     rows : sequence of dict
         Rows of :func:`wtconv_cuda._bench.measure.measure_config`.
+    floors : tuple, optional
+        ``(copy bandwidth, fp32 multiply-adds per second)`` of the run, either
+        None where unknown, for the "cupy of floor" column
+        (:func:`wtconv_cuda._bench.floors.floor_fraction`); "-" without both.
 
     Returns
     -------
     str
     """
     headers = ["config", "dtype", "ours ms", "cupy ms", "mat. ms", "dw7x7 ms", "vs mat.",
-               "vs dw7x7", "roofline", "check vs mat."]
+               "vs dw7x7", "roofline", "cupy of floor", "check vs mat."]
     body = []
     for row in rows:
         if "skipped" in row:
@@ -116,23 +131,26 @@ def inference_table(rows: Sequence[dict]) -> str:
                      fmt_ms(t.get("materialising")), fmt_ms(t.get("dw7")),
                      fmt_times(s.get("inference_vs_materialising")),
                      fmt_times(s.get("inference_vs_dw7")),
-                     fmt_pct(row["roofline"]["inference"].get("ours")), _check_cell(row)])
+                     fmt_pct(row["roofline"]["inference"].get("ours")),
+                     _floor_cell(row, "inference", floors), _check_cell(row)])
     return format_table(headers, body)
 
 
-def training_table(rows: Sequence[dict]) -> str:
-    """Training-step medians, speedups, roofline fraction and peak memory.
+def training_table(rows: Sequence[dict], floors=(None, None)) -> str:
+    """Training-step medians, speedups, roofline and floor fractions and peak memory.
 
     Parameters
     ----------
     rows : sequence of dict
+    floors : tuple, optional
+        As :func:`inference_table`'s.
 
     Returns
     -------
     str
     """
     headers = ["config", "dtype", "ours ms", "cupy ms", "mat. ms", "dw7x7 ms", "vs mat.",
-               "vs dw7x7", "roofline", "peak MiB ours", "mat.", "dw7x7"]
+               "vs dw7x7", "roofline", "cupy of floor", "peak MiB ours", "mat.", "dw7x7"]
     body = []
     for row in rows:
         if "skipped" in row:
@@ -143,7 +161,8 @@ def training_table(rows: Sequence[dict]) -> str:
                      fmt_ms(t.get("materialising")), fmt_ms(t.get("dw7")),
                      fmt_times(s.get("training_vs_materialising")),
                      fmt_times(s.get("training_vs_dw7")),
-                     fmt_pct(row["roofline"]["training"].get("ours")), fmt_mib(m.get("ours")),
+                     fmt_pct(row["roofline"]["training"].get("ours")),
+                     _floor_cell(row, "training", floors), fmt_mib(m.get("ours")),
                      fmt_mib(m.get("materialising")), fmt_mib(m.get("dw7"))])
     return format_table(headers, body)
 
@@ -198,16 +217,23 @@ def render_report(report: dict) -> str:
     """
     lines = []
     bandwidth = report.get("copy_bandwidth")
+    # runs before 2026-12-08 did not store the rate: their device name gives it
+    fma_rate = report.get("fp32_fma_per_s") or fp32_fma_rate(report.get("device"))
     lines.append(f"device: {report.get('device')}   copy bandwidth: "
-                 + ("-" if not bandwidth else f"{bandwidth / 1e12:.2f} TB/s"))
+                 + ("-" if not bandwidth else f"{bandwidth / 1e12:.2f} TB/s")
+                 + "   fp32 multiply-adds: "
+                 + ("-" if not fma_rate else f"{fma_rate / 1e12:.2f} T/s (datasheet)"))
     opts = report.get("options", {})
     lines.append(f"times: medians of {opts.get('repeats', '?')} runs (CUDA events, "
                  f"{opts.get('rotations', '?')} rotating input sets); "
                  "speedup = baseline time / ours; roofline = compulsory bytes / copy bandwidth "
-                 "/ time")
+                 "/ time (ours); cupy of floor = the longer of those bytes' time and the "
+                 "convolutions' multiply-adds at the fp32 rate, / the CuPy path's time")
     rows = report.get("rows", [])
-    lines += ["", "Inference (forward only)", inference_table(rows)]
-    lines += ["", "Training step (forward + backward, every gradient)", training_table(rows)]
+    floors = (bandwidth, fma_rate)
+    lines += ["", "Inference (forward only)", inference_table(rows, floors)]
+    lines += ["", "Training step (forward + backward, every gradient)",
+              training_table(rows, floors)]
     overhead = report.get("host_overhead")
     if overhead:
         shape = "x".join(str(v) for v in overhead["shape"])
