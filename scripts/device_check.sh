@@ -20,7 +20,8 @@
 #   tune       benchmarks/tune.py $TUNE_ARGS (launch-shape sweep)
 #   kernelbench  benchmarks/kernel_bench.py (kernel-level times, host overhead)
 #   bench      python -m wtconv_cuda.bench: the user-facing benchmark (~4 min with
-#              .ptxcache/ptx-Kbench.tar.xz carried, ~5.5 without)
+#              .ptxcache/ptx-Kbench.tar.xz carried, ~5.5 without); its JSON, plot and
+#              Markdown summary (the README's table and the targets) go to $OUT
 #   sanitizer  compute-sanitizer memcheck + racecheck (scripts/sanitizer.sh)
 #   wtconvnext benchmarks/wtconvnext.py throughput ($E2E_ARGS) and sanity (~7 min)
 #   ddp        benchmarks/ddp_check.py: DDP over every GPU vs one process (~1 min)

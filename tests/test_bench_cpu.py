@@ -487,7 +487,10 @@ def test_gpu_orchestration_dry_run_on_cpu_tensors(monkeypatch, tmp_path, capsys)
     out = capsys.readouterr().out
     assert "Inference (forward only)" in out and "Host overhead" in out
     files = sorted(p.name for p in tmp_path.iterdir())
-    assert len(files) == 2 and files[0].startswith("bench-cpu-") and files[1].endswith(".png")
+    assert [f.rsplit(".", 1)[1] for f in files] == ["json", "md", "png"]
+    assert files[0].startswith("bench-cpu-")
+    summary = (tmp_path / files[1]).read_text()  # the README's form of the run
+    assert "| 1, 2, 8, 8, L1, bf16 |" in summary and "- a (1, 8, 16, 16) training step" in summary
     data = json.loads((tmp_path / files[0]).read_text())
     assert data["complete"] and len(data["rows"]) == 4
     assert [(r["label"], r["dtype"]) for r in data["rows"]] == [

@@ -105,6 +105,7 @@ from ._bench.core import (
     tensor_bytes,
 )
 from ._bench.floors import fp32_fma_rate
+from ._bench.markdown import markdown_summary
 from ._bench.report import plot_speedups, read_json, render_report, write_json
 
 __all__ = ["main", "find_materialising", "CPU_LABEL", "MATERIALISING_PATH"]
@@ -183,6 +184,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cuda", help="CUDA device (default cuda)")
     parser.add_argument("--from-json", default=None, metavar="PATH",
                         help="print the tables and draw the plot of a saved run, then exit")
+    parser.add_argument("--markdown", action="store_true",
+                        help="with --from-json: print the run's summary in Markdown, as the "
+                             "README shows it (a run writes it beside its JSON as .md)")
     return parser
 
 
@@ -308,6 +312,9 @@ def _replay(args) -> int:
     if report.get("mode") == "cpu-demo":
         print("a CPU demo report: nothing to plot")
         return 0
+    if args.markdown:
+        print(markdown_summary(report))
+        return 0
     print(render_report(report))
     if not args.no_plot:
         png = plot_speedups(report, Path(args.from_json).with_suffix(".png"))
@@ -430,6 +437,9 @@ def _gpu_main(args, torch) -> int:
     print(render_report(report))
     print()
     print(f"JSON: {json_path}")
+    summary = Path(json_path).with_suffix(".md")
+    summary.write_text(markdown_summary(report) + "\n")
+    print(f"Markdown summary (the README's form): {summary}")
     if not args.no_plot:
         png = plot_speedups(report, png_path)
         print(f"plot: {png}" if png else "plot: not drawn (matplotlib missing or no data)")

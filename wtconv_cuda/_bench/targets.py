@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
-__all__ = ["Target", "TARGETS", "Verdict", "judge", "targets_lines"]
+__all__ = ["PATHS", "Target", "TARGETS", "Verdict", "judge", "describe", "targets_lines"]
 
 #: The layer's paths that the targets judge: (key in the report, column heading).
 PATHS = (("cupy", "CuPy path"), ("ours", "WTConv2d"))
@@ -161,9 +161,20 @@ def judge(target: Target, report: dict, path: str) -> Verdict:
     return Verdict("met" if holds else "missed", worst[0], worst[1], len(values), len(covered))
 
 
-def _describe(target: Target, verdict: Verdict) -> str:
-    """``"missed: 9.75x at 64x192x28x28 L4 float32"``, with the rows measured where
-    fewer than the target covers."""
+def describe(target: Target, verdict: Verdict) -> str:
+    """A verdict in words: ``"missed: 9.75x at 64x192x28x28 L4 float32"``, with the rows
+    measured where fewer than the target covers.
+
+    Parameters
+    ----------
+    target : Target
+    verdict : Verdict
+        :func:`judge`'s for ``target``.
+
+    Returns
+    -------
+    str
+    """
     if verdict.value is None:
         return "not measured" + (f" (0 of {verdict.rows} rows)" if verdict.rows else "")
     if target.kind == "roofline":
@@ -201,5 +212,5 @@ def targets_lines(report: dict) -> list:
         for path, heading in PATHS:
             if path in target.paths:
                 lines.append(f"  {heading.ljust(width)}  "
-                             + _describe(target, judge(target, report, path)))
+                             + describe(target, judge(target, report, path)))
     return lines
