@@ -8,7 +8,7 @@ new run's rows go into the README as measured, with no arithmetic by hand.
 
 from __future__ import annotations
 
-from .targets import TARGETS, PATHS, describe, judge
+from .targets import verdicts
 
 __all__ = ["markdown_summary"]
 
@@ -85,8 +85,7 @@ def markdown_summary(report: dict) -> str:
         lines.append("")
     lines.append("Targets (on the row that comes closest to failing each):")
     lines.append("")
-    for target in TARGETS:
-        verdicts = [f"{heading} {describe(target, judge(target, report, path))}"
-                    for path, heading in PATHS if path in target.paths]
-        lines.append(f"- {target.name}: " + "; ".join(verdicts) + ".")
+    for target, described in verdicts(report):
+        lines.append(f"- {target.name}: "
+                     + "; ".join(f"{heading} {text}" for heading, text in described) + ".")
     return "\n".join(lines)

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
-__all__ = ["PATHS", "Target", "TARGETS", "Verdict", "judge", "describe", "targets_lines"]
+__all__ = ["PATHS", "Target", "TARGETS", "Verdict", "judge", "describe", "verdicts",
+           "targets_lines"]
 
 #: The layer's paths that the targets judge: (key in the report, column heading).
 PATHS = (("cupy", "CuPy path"), ("ours", "WTConv2d"))
@@ -191,8 +192,28 @@ def describe(target: Target, verdict: Verdict) -> str:
     return text
 
 
+def verdicts(report: dict) -> list:
+    """Every target in words on each path that measures it.
+
+    Parameters
+    ----------
+    report : dict
+        A run's JSON document.
+
+    Returns
+    -------
+    list of tuple
+        ``(target, [(path heading, description), ...])`` in `TARGETS`' order:
+        speedups and fractions are the least over the target's rows, memory
+        the most (:func:`describe`).
+    """
+    return [(target, [(heading, describe(target, judge(target, report, path)))
+                      for path, heading in PATHS if path in target.paths])
+            for target in TARGETS]
+
+
 def targets_lines(report: dict) -> list:
-    """The targets judged on the run: per target its name, then a line per path.
+    """:func:`verdicts` as plain-text lines: a target's name, then a line per path.
 
     Parameters
     ----------
@@ -202,15 +223,10 @@ def targets_lines(report: dict) -> list:
     Returns
     -------
     list of str
-        Lines without newlines; speedups and fractions are the least over the
-        target's rows, memory the most.
     """
     width = max(len(heading) for _, heading in PATHS)
     lines = []
-    for target in TARGETS:
+    for target, described in verdicts(report):
         lines.append(target.name)
-        for path, heading in PATHS:
-            if path in target.paths:
-                lines.append(f"  {heading.ljust(width)}  "
-                             + describe(target, judge(target, report, path)))
+        lines += [f"  {heading.ljust(width)}  {text}" for heading, text in described]
     return lines
