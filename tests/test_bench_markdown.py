@@ -1,5 +1,7 @@
 """The benchmark's Markdown summary (the README's form of a run)."""
 
+import pytest
+
 from wtconv_cuda import bench
 from wtconv_cuda._bench import report
 from wtconv_cuda._bench.markdown import markdown_summary
@@ -47,6 +49,12 @@ def test_a_run_without_stage_rows_keeps_its_targets():
     text = markdown_summary(data)
     assert "| shape" not in text and "- fp32" not in text
     assert "memory roofline (paper grid's largest planes, fp32): CuPy path not measured" in text
+
+
+def test_markdown_needs_a_saved_run(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--markdown"])
+    assert "--markdown needs --from-json" in capsys.readouterr().err
 
 
 def test_replay_prints_the_markdown(tmp_path, capsys):

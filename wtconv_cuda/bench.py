@@ -28,8 +28,14 @@ with ``torch.backends.cudnn.benchmark = True``. Measured:
   ``y``, 2x the bytes of ``x``; training: that plus reading ``x`` and ``dy``
   and writing ``dx``, 5x) over the time, against a measured
   device-to-device copy bandwidth;
+- the fraction of the time floor: the longer of those bytes' time and the
+  convolutions' multiply-adds at the card's datasheet fp32 rate
+  (:mod:`wtconv_cuda._bench.floors`), for the CuPy path;
 - agreement of ours with the materialising implementation (norm-relative
   differences of ``y``, ``dx`` and the weight gradients).
+
+The summary ends with the benchmark issue's targets, each judged on the run
+for both of the layer's paths (:mod:`wtconv_cuda._bench.targets`).
 
 Grid (``--shapes``): ``convnext`` is the four WTConvNeXt-T stages at batch 64
 with the published levels, ``(64, 96, 56, 56, L5)``, ``(64, 192, 28, 28, L4)``,
@@ -46,9 +52,11 @@ sizes and takes 10 runs per median.
 Output: tables on the terminal, a JSON file (default
 ``benchmarks/results/bench-<device>-<date>.json``; ``--out DIR`` changes the
 folder, ``--json PATH`` the file, and it is rewritten after every
-configuration so that a cut-short run keeps what it measured) and a PNG plot
-of the speedups next to it. ``--from-json PATH`` prints the tables and draws
-the plot again from a saved file, on any machine. ``--compile-only`` compiles
+configuration so that a cut-short run keeps what it measured), a PNG plot
+of the speedups next to it, and the summary in Markdown in the README's form
+(``.md``, :mod:`wtconv_cuda._bench.markdown`). ``--from-json PATH`` prints the
+tables and draws the plot again from a saved file, on any machine
+(``--markdown``: prints the Markdown summary instead). ``--compile-only`` compiles
 the kernel variants the run would use into the PTX cache and exits; it needs
 no GPU (``scripts/build_ptx_cache.sh bench`` runs it for a device call to
 carry).
@@ -482,6 +490,8 @@ def main(argv=None) -> int:
         _parser().error(str(exc))
     if args.repeats is not None and args.repeats < 1:
         _parser().error("--repeats must be >= 1")
+    if args.markdown and not args.from_json:
+        _parser().error("--markdown needs --from-json (a run writes its Markdown itself)")
     if args.from_json:
         return _replay(args)
     if args.compile_only:
