@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from .core import floor_ms
+
 __all__ = ["FP32_LANES_PER_SM", "CARDS", "conv_multiply_adds", "fp32_fma_rate",
            "time_floor_ms", "floor_fraction"]
 
@@ -100,7 +102,7 @@ def time_floor_ms(nbytes: float, bandwidth, multiply_adds: float, fma_rate) -> f
     -------
     float or None
     """
-    terms = [n / rate * 1e3 for n, rate in ((nbytes, bandwidth), (multiply_adds, fma_rate))
+    terms = [floor_ms(n, rate) for n, rate in ((nbytes, bandwidth), (multiply_adds, fma_rate))
              if rate and rate > 0]
     return max(terms) if terms else None
 

@@ -8,6 +8,8 @@ new run's rows go into the README as measured, with no arithmetic by hand.
 
 from __future__ import annotations
 
+from .core import speedup
+from .report import fmt_ms
 from .targets import verdicts
 
 __all__ = ["markdown_summary"]
@@ -16,19 +18,14 @@ __all__ = ["markdown_summary"]
 SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
-def _ms(times: dict, name: str) -> str:
-    value = times.get(name)
-    return "-" if value is None else f"{value:.3f}"
-
-
 def _stage_row(row: dict) -> str:
     b, c, h, w = row["shape"]
     t, i = row.get("training_ms") or {}, row.get("inference_ms") or {}
     peaks = row.get("training_peak_bytes") or {}
     memory = (f"{peaks['ours'] / peaks['dw7']:.3f}x" if peaks.get("ours") and peaks.get("dw7")
               else "-")
-    forward = " / ".join(_ms(i, n) for n in ("ours", "cupy", "dw7"))
-    training = " / ".join(_ms(t, n) for n in ("ours", "cupy", "materialising", "dw7"))
+    forward = " / ".join(fmt_ms(i.get(n)) for n in ("ours", "cupy", "dw7"))
+    training = " / ".join(fmt_ms(t.get(n)) for n in ("ours", "cupy", "materialising", "dw7"))
     return (f"| {b}, {c}, {h}, {w}, L{row['levels']}, {SHORT.get(row['dtype'], row['dtype'])} "
             f"| {forward} ms | {training} ms | {memory} |")
 
@@ -38,8 +35,8 @@ def _ratios(rows: list, mode: str, baseline: str, digits: int) -> str:
     out = []
     for row in rows:
         times = row.get(f"{mode}_ms") or {}
-        ours, base = times.get("cupy"), times.get(baseline)
-        out.append(f"{base / ours:.{digits}f}x" if ours and base else "-")
+        ratio = speedup(times.get(baseline), times.get("cupy"))
+        out.append("-" if ratio is None else f"{ratio:.{digits}f}x")
     return " / ".join(out)
 
 

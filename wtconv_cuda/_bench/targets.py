@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
+from .core import speedup
+
 __all__ = ["PATHS", "Target", "TARGETS", "Verdict", "judge", "describe", "verdicts",
            "targets_lines"]
 
@@ -121,8 +123,7 @@ def _value(target: Target, row: dict, path: str):
         return None
     if target.kind == "speedup":
         times = row.get(f"{target.mode}_ms") or {}
-        ours, base = times.get(path), times.get(target.baseline)
-        return base / ours if ours and base else None
+        return speedup(times.get(target.baseline), times.get(path))
     if target.kind == "roofline":
         return ((row.get("roofline") or {}).get(target.mode) or {}).get(path)
     # memory: the allocator's statistics are PyTorch's, so only the module path has them
